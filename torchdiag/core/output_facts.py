@@ -37,7 +37,7 @@ def output_facts(t, maker: str | None = None) -> str:
     if not zero_rows and not nonpos and not huge:
         return ""
     said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
-    said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos and not (huge and not zero_rows) else []
+    said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos and (zero_rows or not huge) else []
     held = f"holds {' and '.join(said)}" if said else "is finite"
     return (f"the output {held} (min {lo:.4g}, max {hi:.4g})" + (f", made by {maker}" if maker else "")
             + (": a log of 0 or below, or a division by a row's sum of 0, is undefined there" if said else "")

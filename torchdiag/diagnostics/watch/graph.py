@@ -43,7 +43,8 @@ def loss_faults(fn) -> list[tuple]:
 
 def _smoothing(log_softmax, parents: dict, classes: int) -> float | None:
     """cross_entropy's label smoothing ε, read from the graph it builds (mean reduction): (1 − ε) × nll_loss + ε/C ×
-    the sum over classes, two constant products added. 0.0 where nll_loss is not so weighted; None when unsure; NaN under class weights."""
+    the sum over classes, two constant products added. 0.0 where nll_loss is not so weighted; None when unsure; NaN
+    under class weights."""
     nll = parents.get(id(log_softmax))
     if not type(nll).__name__.startswith("NllLoss"):
         return None

@@ -1546,8 +1546,7 @@ def _got_grad(t, i: int):
 
 def _dead(result: Result, engine) -> None:
     dead = {name: samples for name, samples in engine.checks["dead"].items()
-            if len(samples) >= 3 and all(nonneg and units >= 4 and newly >= DEAD_SHARE * units
-                                         for _, newly, _, nonneg, units in samples[-1:])}   # dead at two reads
+            if len(samples) >= 3 and _newly_dead(samples[-1])}
     feeds = engine.checks.get("dead_feeds", {})
     regrouped = engine.checks["dead_regrouped"]
     roots = {name: _dead_root(name, dead, feeds) for name in dead}
@@ -1570,7 +1569,7 @@ def _dead(result: Result, engine) -> None:
         # a layer left with (almost) no live units passes (almost) nothing on: a loss that falls after is the rest of
         # the model's (an output bias fitting an offset), not the layer's spare capacity (a review)
         still = units - samples[-1][2]
-        spared = _trained_on(result, _alive_until(samples, units)) if still >= SPARED_ALIVE * units else None
+        spared = _trained_on(result, _alive_until(samples)) if still >= SPARED_ALIVE * units else None
         if spared:
             result.add("dead-units", "info", name, f"{message}; {spared}")
         else:
@@ -1578,13 +1577,19 @@ def _dead(result: Result, engine) -> None:
                        _unscaled(engine) + "lower the learning rate, or use LeakyReLU/GELU")
 
 
-def _alive_until(samples, units) -> int | None:
+def _newly_dead(sample) -> bool:
+    """At least DEAD_SHARE of a layer's units (4 or more, never negative) alive at its first sample and dead at this
+    read and the one before (stats._collect)."""
+    _, newly, _, nonneg, units = sample
+    return bool(nonneg) and units >= 4 and newly >= DEAD_SHARE * units
+
+
+def _alive_until(samples) -> int | None:
     """The step of the last read that saw the units alive, before their final stretch of dead reads (None: dead from
     the first read). A read counts units dead there and at the read before (stats._collect), so the read before the
     stretch saw them dead already: the one before that is the last alive."""
     for i in range(len(samples) - 1, -1, -1):
-        _, newly, _, nonneg, _ = samples[i]
-        if not (nonneg and newly >= DEAD_SHARE * units):
+        if not _newly_dead(samples[i]):
             return samples[max(i - 1, 0)][0]
     return None
 
