@@ -44,6 +44,7 @@ SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
+STEPPED_GAP = 4        # ... and the most steps between its changes of a scheduler that counts batches
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
@@ -796,7 +797,8 @@ def _curves(result: Result, engine) -> None:
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
-            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine), _weight_growth(engine),
+            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
+                        _weight_growth(engine, floored=True), _weight_growth(engine),
                         engine.small_batches, engine.batch_size)
             _lr_collapse(result, part, lr_at, of)
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
@@ -823,8 +825,11 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
     values = [v for _, v in pairs]
     w = window(len(values))
     i = next(j for j, (s, _) in enumerate(pairs) if s >= step)
-    before, end = statistics.median(values[max(0, i - w):i + 1]), statistics.median(values[-w:])
-    if end < before - 0.05 * abs(before) or not _decays_per_step(known, k):
+    # the loss as the collapse left it: its first w steps from there, not a window before it, which reaches back
+    # into the first steps' fall and the batches' noise (a review: a collapse at step 31 of a window of 40 measured
+    # 4.68, then 3.91 over its last 16 steps, against a frozen model's 3.51 at the end, and passed)
+    before, end = statistics.median(values[i:i + w]), statistics.median(values[-w:])
+    if _fell(values[i:i + w], values[-w:]) or not _decays_per_step(known, k):
         return
     result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "
                f"{step}, {100 * k // len(known)}% into the run, and stayed under {LR_COLLAPSE:g}× its highest to the "
@@ -833,12 +838,31 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
                "step() calls), or a gamma or milestones far too small")
 
 
+def _fell(first: list[float], last: list[float]) -> bool:
+    """`last`'s median below `first`'s by 5% of it and by twice the standard error of the difference of two medians
+    (1.253 × 1.4826 × MAD / √n each): batch losses of a frozen model spread 2-7 and their medians over 40 steps
+    differ by 8% by chance (a review)."""
+    def se2(xs):
+        m = statistics.median(xs)
+        return (1.253 * 1.4826 * statistics.median(abs(x - m) for x in xs)) ** 2 / len(xs)
+
+    a, b = statistics.median(first), statistics.median(last)
+    return b < a - max(0.05 * abs(a), 2 * math.sqrt(se2(first) + se2(last)))
+
+
 def _decays_per_step(known: list, k: int) -> bool:
-    """Did the rate change at more than half of the steps before it went under (a scheduler stepped per batch)? One
-    stepped per epoch, or ReduceLROnPlateau, changes it a few times with long flat stretches between (a review: a run
-    at its noise floor, cut 0.5 -> 5e-5 by ReduceLROnPlateau as designed, was called collapsed)."""
-    changes = sum(1 for (_, a), (_, b) in zip(known[:k], known[1:k + 1]) if a != b)
-    return changes > k / 2
+    """Did the rate change at more than half of the steps before it went under, or at 3 changes or more, at most
+    STEPPED_GAP steps apart from the run's first step on (a scheduler stepped per batch, its step_size counted in
+    batches)? One stepped per epoch,
+    or ReduceLROnPlateau, changes it a few times with long flat stretches between (a review: a run at its noise floor,
+    cut 0.5 -> 5e-5 by ReduceLROnPlateau as designed, was called collapsed). StepLR(step_size=2, gamma=0.5) stepped
+    per batch changed it at half the steps, and at a third with step_size=3: passed (a sweep: 0.34 accuracy against
+    0.97)."""
+    at = [s for (_, a), (s, b) in zip(known[:k], known[1:k + 1]) if a != b]
+    gaps = [b - a for a, b in zip([known[0][0]] + at, at)]   # from the first step: a count of batches starts there;
+    # ReduceLROnPlateau cuts after a flat stretch (a review: patience 1 on one batch an epoch, cuts 2-3 steps apart
+    # from step 65 of a run at its optimum, was called stepped per batch)
+    return len(at) > k / 2 or (len(at) >= 3 and max(gaps) <= STEPPED_GAP)
 
 
 def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]]:
@@ -1054,8 +1078,10 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
 
 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
-                unscaled: str = "", growth: float | None = None, small: dict | None = None,
-                batch: int | None = None) -> None:
+                unscaled: str = "", growth: float | None = None, raw_growth: float | None = None,
+                small: dict | None = None, batch: int | None = None) -> None:
+    """`growth`: the weights' norm over the run beyond a standard init's scale (_weight_growth floored); `raw_growth`:
+    over their first norm."""
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -1087,7 +1113,8 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         result.add("loss-diverged", "error", "", f"the loss went from {values[0]:.4g} at step {pairs[0][0]} (before its "
                    f"update) to {med[w - 1]:.4g} (running median, step {pairs[w - 1][0]}) and "
                    f"never came back: at least {med[low]:.4g} (step {pairs[low][0]}), {med[-1]:.4g} at step "
-                   f"{pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run{of}",
+                   f"{pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run (from where it started, or from a "
+                   f"standard initialisation's scale where it started below){of}",
                    "the updates outgrew the weights and left the model worse than it started: lower the learning rate "
                    "(10× for a start), or look for an update that climbs the loss (a negated loss, maximize=True)")
         return
@@ -1129,38 +1156,64 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"median {statistics.median(values[:h]):.4g} over the first half, "
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                       f"({seen}){of}", unscaled + "converged, or the learning rate is too small")
+                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0]))
+
+
+def _plateau_hint(growth: float | None, end: float, first: float) -> str:
+    """A flat loss with weights grown BLOWN_GROWTH-fold that ended above half its first step's loss (the weights as
+    they came: it learned little) is not a rate too small: HF Trainer's AdamW at 100x the rate (a BERT's loss 0.69 ->
+    5.4 -> ~0.9, the weights 10.8x, the rate decayed to ~0 by the end) was told "converged, or the learning rate is
+    too small". One that fell far is converged, however its weights grew from a tiny init (a review: 13 -> 0.087 at
+    the noise floor, the weights 464x)."""
+    if growth is not None and growth >= BLOWN_GROWTH and first > 0 and end > 0.5 * first:
+        return (f"the weights' norm grew {growth:.3g}× over the run: updates that outgrew the weights (a learning rate "
+                "too high) keep a loss from settling; lower the learning rate (10× for a start)")
+    return "converged, or the learning rate is too small"
 
 
 def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     """Every running median from the first full window on at least twice the first step's loss (the weights as they
-    came, before any update), and the run's end above it by BLOWN_K robust standard deviations of the run's per-step
-    log-losses (a first batch that was only a lucky one is not where the run started). The end, not the lowest of
-    the medians: a climb under way in the first window (a warm-up to Adam at lr 2: 1.34, a first window's median of
-    5.1, 115 at the end, the weights 129x) put its lowest within the spread its own chaos made (a sweep: a warning). Losses that are never negative only. A loss
-    of exactly 0 (a saturated cross-entropy answering a batch with certainty) has no place on the log scale and is
-    left out of the spread: counted at a floor, the 48 zeros among 300 losses of an MLP that Adam at lr 3 blew up
-    (1.13 → a running median of 180, the weights 350x) widened it past the climb on one CPU and not on another."""
+    came, before any update), and the run's end above it by BLOWN_K robust standard deviations of the per-step
+    log-losses about their trend (a first batch that was only a lucky one is not where the run started). The end,
+    not the lowest of the medians: a climb under way in the first window (a warm-up to Adam at lr 2: 1.34, a first
+    window's median of 5.1, 115 at the end, the weights 129x) put its lowest within the spread its own chaos made (a
+    sweep: a warning). Losses that are never negative only. A loss of exactly 0 (a saturated cross-entropy answering
+    a batch with certainty) has no place on the log scale and is left out of the spread: counted at a floor, the 48
+    zeros among 300 losses of an MLP that Adam at lr 3 blew up (1.13 → a running median of 180, the weights 350x)
+    widened it past the climb on one CPU and not on another."""
     if values[0] <= 0 or min(values) < 0:
         return False
     low = min(med[w - 1:])
     if low < 2 * values[0]:
         return False
-    logs = [math.log(v) for v in values if v > 0]
-    mid = statistics.median(logs)
-    spread = 1.4826 * statistics.median(abs(x - mid) for x in logs)
-    return math.log(med[-1] / values[0]) > BLOWN_K * spread
+    return math.log(med[-1] / values[0]) > BLOWN_K * _step_noise([math.log(v) for v in values if v > 0], w)
 
 
-def _weight_growth(engine) -> float | None:
-    """The norm of every watched parameter at the last read over the same at the first (None where not read)."""
+def _step_noise(logs: list[float], w: int) -> float:
+    """The robust spread of each log-loss about the median of the w steps around it: the steps' own noise. The
+    spread of the raw log-losses counts the run's trend as noise: Lightning's AdamW at lr 3 (1.53 at step 1, 705 at
+    step 2, a slow fall to ~10, the weights 50x) spread them 1.36 against this 0.59, and passed."""
+    h = w // 2
+    off = [x - statistics.median(logs[max(0, i - h):i + h + 1]) for i, x in enumerate(logs)]
+    centre = statistics.median(off)
+    return 1.4826 * statistics.median(abs(x - centre) for x in off)
+
+
+def _weight_growth(engine, floored: bool = False) -> float | None:
+    """The norm of every watched parameter at the last read over the same at the first (None where not read).
+    `floored`: each parameter's first norm taken at least at a standard initialisation's scale (a weight matrix's
+    norm under a 1/√fan_in init is about √rows; a vector's √n, a LayerNorm's ones): weights initialised tiny (1e-3)
+    that grew to a normal scale did not outgrow themselves (a review: a regression from a 1e-3 init whose first batch
+    was easy, 0.08, then ~7 and a fall to 0.17, its weights 236×, was called diverged from the start)."""
     first = last = 0.0
     for t in engine.tracks.values():
         if t.start_norm is None or t.weight_norm is None or len(t.start_norm) != len(t.weight_norm):
             continue
-        pairs = [(a, b) for a, b in zip(t.start_norm, t.weight_norm) if math.isfinite(a) and math.isfinite(b)]
-        first += sum(a * a for a, _ in pairs)
-        last += sum(b * b for _, b in pairs)
+        for p, a, b in zip(t.params, t.start_norm, t.weight_norm):
+            if math.isfinite(a) and math.isfinite(b):
+                scale = math.sqrt(max(1, p.shape[0] if len(p.shape) >= 2 else math.prod(p.shape)))
+                first += max(a, scale) ** 2 if floored else a * a
+                last += b * b
     return math.sqrt(last / first) if first > 0 else None
 
 
@@ -1546,7 +1599,7 @@ def _got_grad(t, i: int):
 
 def _dead(result: Result, engine) -> None:
     dead = {name: samples for name, samples in engine.checks["dead"].items()
-            if len(samples) >= 3 and _newly_dead(samples[-1])}
+            if len(samples) >= 3 and _newly_dead(samples[-1], _alive_at_first(samples))}
     feeds = engine.checks.get("dead_feeds", {})
     regrouped = engine.checks["dead_regrouped"]
     roots = {name: _dead_root(name, dead, feeds) for name in dead}
@@ -1558,7 +1611,11 @@ def _dead(result: Result, engine) -> None:
         passed = [n for n, r in roots.items() if r == name and n != name]
         step, newly, _, _, units = samples[-1]
         after = f"; passed on by {', '.join(passed)}" if passed else ""
-        message = (f"{int(newly)} of {units} units of {name} went dead over the run (alive at step {samples[0][0]}, "
+        alive = int(_alive_at_first(samples))
+        were = (f"alive at step {samples[0][0]}," if newly >= DEAD_SHARE * units else   # or the layer is all dead
+                f"all {int(newly)} that were non-zero at step {samples[0][0]}, the other {units - alive} zero on its "
+                "batch already; no unit of it non-zero now,")
+        message = (f"{int(newly)} of {units} units of {name} went dead over the run ({were} "
                    f"zero for every sample of the batches read at steps {samples[-2][0]} and {step}{after})")
         came = int(engine.checks.get("dead_arrived", {}).get(name, 0))   # stats._input_range
         if newly and came >= newly / 2:   # most: a dropout in train mode also zeroes a unit alive in a few samples
@@ -1577,19 +1634,31 @@ def _dead(result: Result, engine) -> None:
                        _unscaled(engine) + "lower the learning rate, or use LeakyReLU/GELU")
 
 
-def _newly_dead(sample) -> bool:
+def _newly_dead(sample, alive: float) -> bool:
     """At least DEAD_SHARE of a layer's units (4 or more, never negative) alive at its first sample and dead at this
-    read and the one before (stats._collect)."""
-    _, newly, _, nonneg, units = sample
-    return bool(nonneg) and units >= 4 and newly >= DEAD_SHARE * units
+    read and the one before (stats._collect); or, where no unit of the layer is non-zero at this read, DEAD_SHARE of
+    the `alive` ones, 2 at least: a layer 40 of 64 zero on its first batch (inputs of scale 2000) whose other 24 died
+    passes nothing on, and was not said (a sweep). Not of those alive alone: at batch size 1 a unit that fires on a
+    fifth of the samples is zero at two reads most of the time (a review: 7 of the 7 alive on the first sample)."""
+    _, newly, dead, nonneg, units = sample
+    if not nonneg or units < 4:
+        return False
+    return newly >= DEAD_SHARE * units or (dead >= units and newly >= max(2, DEAD_SHARE * alive))
+
+
+def _alive_at_first(samples) -> float:
+    """The units alive at a layer's first sample (all of them where its unit count changed since)."""
+    first, last = samples[0], samples[-1]
+    return first[4] - first[2] if first[4] == last[4] else last[4]
 
 
 def _alive_until(samples) -> int | None:
     """The step of the last read that saw the units alive, before their final stretch of dead reads (None: dead from
     the first read). A read counts units dead there and at the read before (stats._collect), so the read before the
     stretch saw them dead already: the one before that is the last alive."""
+    alive = _alive_at_first(samples)
     for i in range(len(samples) - 1, -1, -1):
-        if not _newly_dead(samples[i]):
+        if not _newly_dead(samples[i], alive):
             return samples[max(i - 1, 0)][0]
     return None
 
