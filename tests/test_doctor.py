@@ -606,6 +606,46 @@ def test_random_forward_is_not_blamed_on_self_training():
     assert modes["status"] == "skipped" and "random" in modes["verdict"]
 
 
+def test_dropout_at_p_zero_is_not_called_no_dropout():
+    """A sweep: a Hugging Face model with every dropout at 0.0 read "no Dropout/BatchNorm; train = eval output" beside
+    its Dropout modules; they are there, and idle."""
+    from torchdiag.core.inputs import ModelInputs
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0), nn.Linear(4, 2), nn.Dropout(p=0))
+    modes = next(r for r in run_diag(model, ModelInputs((torch.randn(5, 4),))).tables[0].rows if r["id"] == "modes")
+    assert modes["status"] == "ok" and modes["verdict"].startswith("no active Dropout/BatchNorm (2 Dropout with p=0)")
+    plain = nn.Sequential(nn.Linear(4, 2))
+    modes = next(r for r in run_diag(plain, ModelInputs((torch.randn(5, 4),))).tables[0].rows if r["id"] == "modes")
+    assert modes["verdict"] == "no Dropout/BatchNorm; train = eval output"
+
+
+class _MetaOdd(nn.Module):
+    """On meta or fake CUDA tensors its forward adds a tensor of another shape, as transformers' mask builder does on
+    meta (a sweep: nystromformer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y + torch.zeros(3, 5, device=y.device) if y.device.type != "cpu" else y
+
+
+def test_a_failed_fake_cuda_run_logs_nothing_of_torchs_own(capfd, caplog):
+    """A sweep: doctor on nystromformer printed 74 lines of torch's fake-tensor error log ("failed while attempting
+    to run meta for aten.add.Tensor", a traceback) while its row said the meta run was skipped."""
+    from torchdiag.api import run
+
+    r = run("doctor", _MetaOdd(), torch.randn(2, 4))
+    row = next(row for row in r.tables[0].rows if row["id"] == "device")
+    assert row["status"] == "skipped" and "meta" in row["verdict"], row
+    err = capfd.readouterr().err
+    assert "failed while attempting" not in err and "Traceback" not in err, err
+    logged = [rec.getMessage() for rec in caplog.records if rec.name.startswith("torch._subclasses")]
+    assert not logged, logged[:1]
+
+
 # ---------------------------------------------------------------- run contract: options, Python API
 def test_bad_run_option_is_exit_2_before_the_model_loads(cli, tmp_path):
     raising = tmp_path / "raising.py"

@@ -8,6 +8,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.fake_quiet import fake_log_quiet
 from ...core.tracking import ModuleTracker
 from ...errors import one_line
 from .checklist import Checklist
@@ -241,7 +242,7 @@ def fake_cuda_run(meta_model, meta_inputs, training: bool) -> FakeRun:
     tracker = ModuleTracker(model)
     guard = _device_guard_mode(tracker, home="cuda")
     try:
-        with fake_mode, torch.no_grad(), tracker, guard:
+        with fake_mode, torch.no_grad(), tracker, guard, fake_log_quiet():
             functional_call(model, state, tuple(args), kwargs)
     except DeviceMix as exc:
         return FakeRun("mismatch", model, exc, tracker, guard.created)

@@ -35,9 +35,21 @@ def mode_modules(model) -> list[tuple[str, str]]:
     return out
 
 
-def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result, depth_off: int = 0) -> None:
-    """`mods`: mode_modules of the model; the outputs of one eval and one train forward (`depth_off` stochastic
-    depth modules turned off in it)."""
+def idle_dropouts(model) -> int:
+    """Dropout modules at p=0 (many Hugging Face configs): there, yet not mode-dependent."""
+    from torch import nn
+    from torch.nn.modules.dropout import _DropoutNd
+
+    kinds = (_DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    return sum(isinstance(m, kinds) and getattr(m, "p", 0) == 0 for m in model.modules())
+
+
+def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth_off: int = 0) -> None:
+    """The outputs of one eval and one train forward of `model` (`depth_off` stochastic depth modules turned off
+    in it)."""
+    mods, idle = mode_modules(model), idle_dropouts(model)
+    # "no Dropout" beside 12 Dropout(p=0) modules read as false (a sweep's HF models)
+    none = f"no active Dropout/BatchNorm ({idle} Dropout with p=0)" if idle else "no Dropout/BatchNorm"
     bad = [w for w, out in (("eval", eval_out), ("train", train_out)) if not finite(out)]
     diff = None if bad else max_diff(eval_out, train_out)   # NaN compares unequal: no difference to state
     dtxt = "" if diff is None else f" (max |train − eval| output difference {diff:.4g})"
@@ -60,18 +72,18 @@ def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result, depth_
     elif diff is not None and diff > 1e-5 * scale(eval_out) + 1e-6:   # beyond kernel-choice rounding
         if ck.rows.get("determinism", {}).get("status") in ("error", "warning"):
             # eval differs from itself: a train/eval difference says nothing about self.training
-            ck.row("modes", "skipped", "no Dropout/BatchNorm; train and eval outputs cannot be compared: the eval "
+            ck.row("modes", "skipped", f"{none}; train and eval outputs cannot be compared: the eval "
                    "output is random (see eval determinism)")
         else:
             result.add("mode-dependent", "info", "(root)",
-                       f"no Dropout/BatchNorm, yet train and eval outputs differ{dtxt}: forward code reads self.training",
+                       f"{none}, yet train and eval outputs differ{dtxt}: forward code reads self.training",
                        MODE_TYPES_HINT)
             ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
                    MODE_TYPES_HINT, "mode-dependent")
     elif bad:
-        ck.row("modes", "skipped", f"no Dropout/BatchNorm; train and eval outputs not compared{dtxt}")
+        ck.row("modes", "skipped", f"{none}; train and eval outputs not compared{dtxt}")
     else:
-        ck.row("modes", "ok", "no Dropout/BatchNorm; train = eval output")
+        ck.row("modes", "ok", f"{none}; train = eval output")
 
 
 def _kinds(mods) -> str:

@@ -25,7 +25,7 @@ from ...errors import ModelError, out_of_memory
 from ...results import Result
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples
 from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
-from .modes import check_modes, mode_modules
+from .modes import check_modes
 from .probe import Probe
 from .shared import failing_call, finite, name
 from .update import update_check
@@ -58,7 +58,7 @@ def train_checks(probe: Probe) -> None:
         if retry is not None:   # a batch of 1 BatchNorm refuses: the other checks run on a batch of 2
             train_checks(replace(probe, inputs=retry))
         return
-    check_modes(mode_modules(work), probe.eval_out, out, probe.ck, probe.result, off)
+    check_modes(work, probe.eval_out, out, probe.ck, probe.result, off)
     if _backward(probe, out):
         probe.ck.row("inplace", "ok", "backward runs")
         update_check(probe)
@@ -101,7 +101,7 @@ def _wrapped_checks(probe: Probe) -> bool:
         failed = True
     if _fall_back(w, failed, "backward", result):
         return False
-    check_modes(mode_modules(w.user), probe.eval_out, out, probe.ck, result, off)
+    check_modes(w.user, probe.eval_out, out, probe.ck, result, off)
     probe.ck.row("inplace", "ok", "backward runs")
     update_check(replace(probe, work=w.user, scaler=scaler))
     return True

@@ -2,10 +2,10 @@
 propagate, nothing is allocated. Used for --device meta, every --batch-sizes entry and the --budget search."""
 from __future__ import annotations
 
-import contextlib
 import copy
 from typing import Any
 
+from ...core.fake_quiet import fake_log_quiet
 from ...errors import ModelError, UsageError
 from .step import StepReport, run_step, unique
 
@@ -14,21 +14,6 @@ def _fake_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-@contextlib.contextmanager
-def _fake_log_quiet():
-    """torch's fake-tensor module logs the traceback of an op its fake kernel refuses (21 lines at ERROR level on a
-    clean run: a sweep, mixtral's `_grouped_mm` on float32); the failure is ours to say, in one note."""
-    import logging
-
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def _fake_copy(model, dtype):
@@ -89,7 +74,7 @@ def estimate(model, inputs, opts, ctx, batch_size: int | None = None, emulate: s
     import torch
 
     dtype = getattr(torch, ctx.spec.dtype) if ctx.spec.dtype else None
-    with _fake_mode(), _fake_log_quiet():
+    with _fake_mode(), fake_log_quiet():
         work = _fake_copy(model, dtype)
         ins = _fake_inputs(inputs, batch_size, dtype)
         try:
