@@ -442,6 +442,8 @@ def test_usage_errors(cli, tmp_path, monkeypatch):
     r = cli("attention", VIT, "--tokens", "a,b,c")
     assert r.code == 2 and "3 labels" in r.stderr
     one_error_line(r)
+    r = cli("attention", VIT, "--tokens", "")   # a review: "" was one empty label
+    assert r.code == 2 and "gave 0 labels" in r.stderr, r.stderr
     r = cli("attention", sample("cnn.py:build"))
     assert r.code == 2 and "no attention weights" in r.stderr
     one_error_line(r)

@@ -518,3 +518,27 @@ def test_a_list_of_images_torchdiag_made_is_counted_per_sample():
     assert ModelInputs(([torch.ones(3)], ), samples=2).first(1) is None   # no list of two
     user = ModelInputs((images, targets), {}, "example_inputs()", samples=2)   # the user's own: counted as given
     assert _per_sample(user) == (user, 2)
+
+
+RANGED = """
+import torch
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 6), torch.nn.Tanh())
+def example_inputs():
+    return (torch.randn(4, 8, generator=torch.Generator().manual_seed(1)),)
+"""
+
+
+def test_an_overfit_pass_above_the_limit_shown_says_why(cli, tmp_path, monkeypatch):
+    """A sweep: "loss 3.042 → 0.1828 │ ≤ 0.01 × initial │ PASS", unexplained: a tanh output cannot reach torchdiag's own
+    target; overfit-batch passes it at the floor the range leaves and says so, the check row did not."""
+    write(tmp_path, RANGED, name="ranged.py")
+    write(tmp_path, '[tool.torchdiag]\nmodel = "ranged.py:build"\ndevice = "cpu"\n[tool.torchdiag.check]\n'
+                    'overfit-batch = {}\n')
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", "--json")
+    row = next(r for r in res.json["checks"] if r["check"] == "overfit-batch")
+    start, end = (float(v) for v in row["figure"].split("loss ")[1].split(" (")[0].split(" → "))
+    assert res.code == 0 and row["status"] == "PASS" and end > 0.01 * start   # the premise: above the limit
+    assert row["figure"].endswith("(at the floor its output's range allows)") and row["message"], row

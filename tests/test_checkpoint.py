@@ -87,6 +87,10 @@ def test_lightning_ckpt_state_dict_with_prefix_stripped(spec, tmp_path, cli):
     r = cli("summary", spec, "--checkpoint", path, "--json")
     assert r.code == 0, r.stderr
     assert r.json["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'model.' stripped"]
+    # the table's header says the list's items, not Python's repr of it (a review: "checkpoint: ['last.ckpt: ...']")
+    text = cli("summary", spec, "--checkpoint", path)
+    assert "checkpoint: " in text.stdout and "checkpoint: [" not in text.stdout and "4 tensors loaded" in text.stdout, \
+        text.stdout
 
 
 @pytest.mark.parametrize("layout, stripped", [

@@ -187,3 +187,14 @@ def test_a_missing_factory_lists_the_functions_before_the_classes(cli, tmp_path)
     r = cli("summary", f"{tmp_path}/m.py:nosuch")
     hint = next(line for line in r.stderr.splitlines() if line.startswith("hint:"))
     assert r.code == 2 and hint.startswith("hint: callables there: build, make_small, C0") and "(+3)" in hint, hint
+
+
+@pytest.mark.parametrize("args", [("summary", "sample_models/mlp.py:build", "--checkpoint"),
+                                  ("gradcam", "sample_models/cnn.py:build", "--out"),
+                                  ("profile", "sample_models/mlp.py:build", "--trace"),
+                                  ("gradflow", "sample_models/mlp.py:build", "--tb"),
+                                  ("check", "sample_models/mlp.py:build", "--junit")])
+def test_an_empty_path_is_said_empty_not_the_working_folder(cli, args):
+    """A hostile review: `--checkpoint ""` said "--checkpoint . is a folder" (Path("") is "."), a path never typed."""
+    res = cli(*args, "")
+    assert res.code == 2 and "an empty path" in res.stderr and " . " not in res.stderr, res.stderr

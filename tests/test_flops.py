@@ -239,6 +239,19 @@ def test_fvcore_engine_reports_macs_and_unsupported(cli):
     assert torch_doc["forward_macs"] == conv + fc
 
 
+def test_fvcore_engine_lets_no_import_warning_through():
+    """A hostile review: fvcore's import warns that torch.jit.script is deprecated, printed raw on stderr (its code,
+    not the user's model). A fresh process, since the import warns once."""
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    out = subprocess.run([sys.executable, "-W", "default", "-m", "torchdiag", "flops", "sample_models/cnn.py:build",
+                          "--engine", "fvcore", "--device", "cpu", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "Warning" not in out.stderr, out.stderr
+
+
 def test_fvcore_cannot_trace_dict_kwargs_model(cli):
     res = cli("flops", sample("transformer_lm.py:build"), "--engine", "fvcore")
     assert res.code == 2 and "keyword inputs" in res.stderr

@@ -703,3 +703,13 @@ def test_a_backward_peaks_temporaries_are_not_said_to_grow_with_the_input(tmp_pa
     assert r.json["peak_phase"] != "forward", r.json["peak_phase"]
     made = r.json["at_peak"]["inputs"] + r.json["at_peak"]["activations"]
     assert f"is {made / r.json['peak_bytes']:.0%} of the peak measured" in f["hint"], (f["hint"], r.json["at_peak"])
+
+
+@pytest.mark.parametrize("args, said", [(("--mode", "inference", "--optimizer", "sgd"), "--optimizer applies to --mode train"),
+                                        (("--batch-sizes", "1,,8"), "an empty entry")])
+def test_an_option_that_would_be_ignored_or_a_lost_entry_is_refused(cli, args, said):
+    """A hostile review: --optimizer under --mode inference was taken and did nothing, and "1,,8" was read as 1,8."""
+    r = cli("memory", sample("mlp.py:build"), "--device", "cpu", *args)
+    assert r.code == 2 and said in r.stderr, r.stderr
+    ok = cli("memory", sample("mlp.py:build"), "--device", "cpu", "-i", "4x784", "--batch-sizes", "1,8,", "--json")
+    assert ok.code == 0 and {row["batch_size"] for row in ok.json["batch_sizes"]} - {4} == {1, 8}, ok.stderr

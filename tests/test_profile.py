@@ -656,3 +656,16 @@ def test_syncs_read_a_conditional_target_by_what_it_tests_and_where_it_sits():
     assert target.on_machine(ast.parse("numGPUs", mode="eval").body)
     assert target.target_strings('h.to("cpu" if A else ("cpu" if B else h.device))', devices_only=True) == []
     assert target.target_strings('h.to(A and "cpu" or h.device)', devices_only=True) == []
+
+
+def test_warmup_zero_is_a_note_not_torchs_warning(cli):
+    """A hostile review: --warmup 0 printed torch's "Profiler won't be using warmup" with torchdiag's own source line."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = cli("profile", sample("mlp.py:build"), "--device", "cpu", "--wait", "0", "--warmup", "0", "--active", "2",
+                  "--json")
+    assert res.code == 0, res.stderr
+    assert not [w for w in caught if "warmup" in str(w.message)], [str(w.message) for w in caught]
+    assert any(n.startswith("--warmup 0: the first active step") for n in res.json["notes"]), res.json["notes"]

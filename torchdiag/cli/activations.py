@@ -18,7 +18,7 @@ EXAMPLE = """Examples:
 
 Layer = Annotated[list[str] | None, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
                                                     help="Module path to picture (repeatable). Default with --images/--tb: every conv layer.")]
-Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", parser=c.nonempty_path, metavar="DIR", show_default=False,
                                                 help="Write <layer>_features.png (feature maps of sample 0) and <layer>_filters.png (conv filters) into DIR.")]
 Eps = Annotated[float, typer.Option("--eps", help="Saturation margin for bounded activations (Sigmoid, Tanh, ...), 0 to 0.5.")]
 

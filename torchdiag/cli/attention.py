@@ -18,7 +18,7 @@ EXAMPLE = """Examples:
 
 Tokens = Annotated[str | None, typer.Option("--tokens", metavar="A,B,…|@FILE", show_default=False,
                                                help="Token labels for the axes: comma-separated, or @FILE with one per line.")]
-Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", parser=c.nonempty_path, metavar="DIR", show_default=False,
                                                 help="Write attention_<layer>.png (one heatmap per head) into DIR.")]
 Sample = Annotated[int, typer.Option("--sample", help="Which batch element to draw (0 = the first).")]
 
@@ -43,7 +43,7 @@ def _tokens(text):
                              hint="save the token file as UTF-8, one token per line") from None
         except OSError as exc:
             raise UsageError(f"--tokens {p}: cannot read it: {exc.strerror or exc}") from None
-    return [t.strip() for t in text.split(",")]
+    return [t.strip() for t in text.split(",")] if text.strip() else []   # "": no labels, not one empty one
 
 
 DETAILS = """Per head: entropy, mean max weight, weight on the first key and on the diagonal. With

@@ -31,7 +31,7 @@ def register(app) -> None:
     @app.command("check", epilog=EXAMPLE, help=f"{get('check').summary}\n\n{DETAILS}")
     def check(spec: Annotated[str | None, typer.Argument(metavar="[MODEL_SPEC]", show_default=False,
                                                              help="Overrides the config's model.")] = None,
-              config: Annotated[Path | None, typer.Option("--config", metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
+              config: Annotated[Path | None, typer.Option("--config", parser=c.nonempty_path, metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
               arg: c.Args = None, input: c.Inputs = None, checkpoint: c.Checkpoint = None,
               device: Annotated[str | None, typer.Option("--device", "-d", help="Overrides the config's device.")] = None,
               max_params: Annotated[str | None, typer.Option("--max-params", help="Limit on parameters, e.g. 25M.")] = None,
@@ -42,7 +42,7 @@ def register(app) -> None:
               lr_find: Annotated[bool | None, typer.Option("--lr-find/--no-lr-find", help="Run lr-find.")] = None,
               doctor: Annotated[bool | None, typer.Option("--doctor/--no-doctor", help="Run doctor.")] = None,
               allow: Annotated[list[str] | None, typer.Option("--allow", metavar="GLOB", help="Parameter globs gradflow accepts. Repeatable.")] = None,
-              junit: Annotated[Path | None, typer.Option("--junit", metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
+              junit: Annotated[Path | None, typer.Option("--junit", parser=c.nonempty_path, metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
         fields = {"model": spec or "", "args": arg, "inputs": input, "device": device or "auto", "json": json,
                   "tb": tb, "debug": debug}

@@ -19,6 +19,14 @@ _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "toggle": bool, 
           "strs": Optional[list[str]]}
 
 
+def nonempty_path(text) -> Path:
+    """A path option's parser: "" is refused, not taken as Path("") = "." (a review: `--checkpoint ""` said ". is a
+    folder", a path the user never typed)."""
+    if not str(text).strip():
+        raise typer.BadParameter("an empty path")
+    return Path(text)
+
+
 def option(name: str, **override):
     """The Typer annotation of run-wide option `name`, as commands.RUN_OPTIONS spells it."""
     o = RUN[name]
@@ -30,6 +38,8 @@ def option(name: str, **override):
         kw.pop("metavar")
     if o.type in ("strs", "path") or (o.default is None and o.metavar):
         kw.setdefault("show_default", False)
+    if o.type == "path":
+        kw.setdefault("parser", nonempty_path)
     return Annotated[kind, typer.Option(*o.flags, **kw)]
 
 

@@ -56,9 +56,9 @@ NoSweep = Annotated[bool, typer.Option("--no-sweep", help="Do not sweep num_work
                                                           "only).")]
 NoSpeed = Annotated[bool, typer.Option("--no-speed", help="Content checks only: no timing, no worker checks.")]
 PerClass = Annotated[int, typer.Option("--per-class", help="Sample inputs per class in the --images grid (0-64).")]
-Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", parser=c.nonempty_path, metavar="DIR", show_default=False,
                                                 help="Write samples_<split>.png: a row of sample inputs per class.")]
-Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", parser=c.nonempty_path, metavar="FILE", show_default=False,
                                               help="Write the label histogram and per-channel value histograms "
                                                    "(.png, .svg, .pdf).")]
 

@@ -16,7 +16,7 @@ EXAMPLE = """Examples:
 
 Layer = Annotated[str, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
                                     help="Module whose output is the embedding (one vector per sample).")]
-Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", parser=c.nonempty_path, metavar="DIR", show_default=False,
                                                 help="Also write embeddings_<layer>_pca.png (samples on the first two principal components).")]
 Reduce = Annotated[str, typer.Option("--reduce", help="auto|mean|first|flatten: how N×L×D or N×C×H×W outputs become one vector per sample.")]
 

@@ -16,11 +16,11 @@ EXAMPLE = """Examples:
 
 Layer = Annotated[str, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
                                     help="Module whose output is explained (usually the last conv layer).")]
-Image = Annotated[Path | None, typer.Option("--image", metavar="FILE", show_default=False,
+Image = Annotated[Path | None, typer.Option("--image", parser=c.nonempty_path, metavar="FILE", show_default=False,
                                                help="Input image (PNG/JPEG), read as RGB (grayscale with --channels 1).")]
 TargetClass = Annotated[int | None, typer.Option("--target-class", "-k", metavar="N", show_default=False,
                                                     help="Class to explain (default: the predicted class).")]
-Out = Annotated[Path | None, typer.Option("--out", "-o", metavar="FILE.png", show_default=False,
+Out = Annotated[Path | None, typer.Option("--out", "-o", parser=c.nonempty_path, metavar="FILE.png", show_default=False,
                                              help="Write original | heatmap | overlay side by side as one PNG.")]
 Size = Annotated[str | None, typer.Option("--size", metavar="H[xW]", show_default=False,
                                              help="Resize the image to H×W (one number: square). Default: the file's size.")]

@@ -49,7 +49,7 @@ OWN = {
     "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")], False),
     "eval_mode": (Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")], False),
     "all": (Annotated[bool, typer.Option("--all", help="Print the per-parameter table too (always in --json).")], False),
-    "plot": (Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),
+    "plot": (Annotated[Path | None, typer.Option("--plot", parser=c.nonempty_path, metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),
 }
 
 

@@ -39,7 +39,7 @@ Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd
 Lr = Annotated[float | None, typer.Option("--lr", show_default=False,
                                              help="Not used: the range test sets the rate of every update (a note "
                                                   "says so when given).")]
-Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", parser=c.nonempty_path, metavar="FILE.png", show_default=False,
                                               help="Save the curves and the checked runs (matplotlib; .png, .svg or "
                                                    ".pdf).")]
 

@@ -24,11 +24,11 @@ it ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
 
 OWN = {
     "mode": (Annotated[str, typer.Option("--mode", help="train (forward, backward, optimizer step) or inference (forward, no grad).")], "train"),
-    "optimizer": (Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd with momentum 0.9).")], "adam"),
+    "optimizer": (Annotated[str | None, typer.Option("--optimizer", show_default=False, help="adam|adamw|sgd (sgd with momentum 0.9), with --mode train. Default: adam.")], None),
     "batch_sizes": (Annotated[str | None, typer.Option("--batch-sizes", metavar="N,N,...", help="Estimate the peak for each batch size, e.g. 1,8,32.")], None),
     "budget": (Annotated[str | None, typer.Option("--budget", metavar="SIZE", help="Memory per device, e.g. 24GiB, 512MB: the largest batch size that fits (estimated).")], None),
     "shard": (Annotated[int, typer.Option("--shard", metavar="N", help="Per-device estimate with parameters/gradients/optimizer state sharded over N devices (ZeRO-1/2/3, FSDP).")], 1),
-    "snapshot": (Annotated[Path | None, typer.Option("--snapshot", metavar="FILE.pickle", help="CUDA only: record allocation history for PyTorch's memory viewer.")], None),
+    "snapshot": (Annotated[Path | None, typer.Option("--snapshot", parser=c.nonempty_path, metavar="FILE.pickle", help="CUDA only: record allocation history for PyTorch's memory viewer.")], None),
     "top": (Annotated[int, typer.Option("--top", help="Modules shown, by activation memory (0 = all).")], 10),
     "depth": (c.Depth, 3),
 }
@@ -39,8 +39,16 @@ def run(o) -> None:
     from ..render.memory import record
     from ..render.output import check_file
 
-    job = c.job("memory", o, optimizer=dict(name=o.optimizer), outputs={"snapshot": o.snapshot},
-                precheck=lambda: check_file(o.snapshot, "--snapshot"),
+    def precheck():
+        if o.optimizer is not None and o.mode == "inference":   # a review: taken and ignored without a word
+            from ..errors import UsageError
+
+            raise UsageError("--optimizer applies to --mode train: an inference step has no optimizer",
+                             hint="leave --optimizer out, or use --mode train")
+        check_file(o.snapshot, "--snapshot")
+
+    job = c.job("memory", o, optimizer=dict(name=o.optimizer or "adam"), outputs={"snapshot": o.snapshot},
+                precheck=precheck,
                 options=lambda: diag.Options(mode=o.mode, batch_sizes=o.batch_sizes or (), budget=o.budget, top=o.top,
                                              depth=o.depth, shard=o.shard, snapshot=o.snapshot is not None))
     c.execute(job, render_extra=record)

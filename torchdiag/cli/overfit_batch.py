@@ -34,7 +34,7 @@ Ratio = Annotated[float, typer.Option("--target-ratio", help="Pass when the loss
                                                             "(and, for cross-entropy, batch accuracy is 100%).")]
 TargetLoss = Annotated[float | None, typer.Option("--target-loss", show_default=False,
                                                      help="Also pass when the loss falls to this absolute value.")]
-Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", parser=c.nonempty_path, metavar="FILE.png", show_default=False,
                                               help="Save the loss curve (matplotlib; .png, .svg or .pdf).")]
 
 DETAILS = """The classic sanity test before a long run: a correct model, loss and optimizer drive the loss

@@ -29,7 +29,7 @@ Active = Annotated[int, typer.Option("--active", help="Steps recorded: statistic
 Top = Annotated[int, typer.Option("--top", "-k", help="Operators listed, by self time (0 = all).")]
 Shapes = Annotated[bool, typer.Option("--record-shapes", help="Split operators by input shapes (adds an input-shapes column).")]
 Memory = Annotated[bool, typer.Option("--memory", help="Record allocations: memory columns for operators and modules.")]
-Trace = Annotated[Path | None, typer.Option("--trace", metavar="FILE.json", help="Write a Chrome/Perfetto trace (open in ui.perfetto.dev or chrome://tracing).")]
+Trace = Annotated[Path | None, typer.Option("--trace", parser=c.nonempty_path, metavar="FILE.json", help="Write a Chrome/Perfetto trace (open in ui.perfetto.dev or chrome://tracing).")]
 Syncs = Annotated[bool, typer.Option("--syncs", help="Also run one step with host-sync detection and list each line of your code that made the host wait for the device (.item(), if tensor:, .cpu(), nonzero, boolean-mask indexing, print(tensor)), with counts per step.")]
 Optim = Annotated[str, typer.Option("--optimizer", help="Train mode optimizer: adam | adamw | sgd (lr 1e-3).")]
 

@@ -39,7 +39,7 @@ Explode = Annotated[float, typer.Option("--explode", metavar="X", help="A gradie
                                                                       "median is an explosion.")]
 Ratio = Annotated[float, typer.Option("--ratio-high", metavar="R", help="Update/weight ratio above which a layer's "
                                                                        "updates are too large.")]
-Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", parser=c.nonempty_path, metavar="FILE", show_default=False,
                                               help="Write the loss and gradient norm per step (.png, .svg, .pdf).")]
 
 DETAILS = """Runs the command in this process, as if run directly: the script sees its own sys.argv,

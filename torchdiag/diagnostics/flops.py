@@ -564,7 +564,9 @@ def run_fvcore(model, inputs, opts: Options, ctx) -> Result:
     if inputs.kwargs:
         raise UsageError(f"{ctx.option('engine')} fvcore traces positional inputs only; this model takes keyword inputs",
                          hint="use the default engine (torch), which handles keyword inputs")
-    from fvcore.nn import FlopCountAnalysis
+    with warnings.catch_warnings():   # fvcore's import warns of torch.jit.script's deprecation: its code, not the model
+        warnings.simplefilter("ignore")
+        from fvcore.nn import FlopCountAnalysis
 
     result = Result("flops", header={"counter": "fvcore (torch.jit.trace)",
                                      "convention": "fvcore counts one multiply-add as one 'flop': its number is MACs; FLOPs = 2 × MACs"})

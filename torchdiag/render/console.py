@@ -54,7 +54,9 @@ def print_result(result, console=None) -> None:
     for key, value in head.items():
         if key in ("model", "device", "input_source") or key in _HEADER_SKIP:
             continue
-        con.print(_text(f"  {key.replace('_', ' ')}: {_runs(value) if isinstance(value, list) else value}"))
+        # a list as its items, not Python's repr of it (a review: "checkpoint: ['w.pt: 6 tensors loaded']")
+        shown = "; ".join(map(str, _runs(value))) if isinstance(value, list) else value
+        con.print(_text(f"  {key.replace('_', ' ')}: {shown}"))
 
     for t in result.tables:
         if t.show and t.rows:

@@ -534,7 +534,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
                 raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
             figure = f"loss {d.get('initial_loss', float('nan')):.4g} → {d.get('final_loss', float('nan')):.4g}"
             if d.get("passed"):
-                return True, figure, ""
+                return True, *_passed_above(r, opts, figure)
             if d.get("memorised") and not _first_error(r):   # every sample right, the loss at its own floor
                 floor = next(f for f in r.findings if f.code == "loss-floor")
                 return True, figure + " (memorised; the loss at its own floor)", f"{floor.code}: {floor.message}"
@@ -605,6 +605,19 @@ def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
         return False, f"{len(warned)} warning(s)", f"warnings fail under strict: {warned[0].code}: {warned[0].message}"
     figure = f"{len(warned)} warning(s)" if warned else f"{accepted} accepted by allow" if accepted else "clean"
     return not bad, figure if not bad else f"{n} error finding(s)", bad
+
+
+def _passed_above(r, opts, figure: str) -> tuple[str, str]:
+    """(figure, message) of an overfit-batch PASS: one whose loss ended above the limit the table shows passed at the
+    floor its output's range leaves (a tanh, a unit-norm row against torchdiag's own target) and says so, with the
+    finding that tells it (a sweep: "loss 3.042 → 0.1828 │ ≤ 0.01 × initial │ PASS", unexplained)."""
+    d = r.data
+    initial, final = d.get("initial_loss"), d.get("final_loss")
+    limit = opts.target_loss if opts.target_loss is not None else opts.target_ratio * (initial or 0.0)
+    if final is None or final <= limit:
+        return figure, ""
+    why = next((f for f in r.findings if f.severity == "info"), None)
+    return figure + " (at the floor its output's range allows)", (f"{why.code}: {why.message}" if why else "")
 
 
 def _lr_find_check(settings, model, inputs, ctx, record) -> None:

@@ -34,8 +34,11 @@ def parse_bytes(text: str) -> int:
 
 def parse_batch_sizes(text: str) -> list[int]:
     """'1,8,32' → [1, 8, 32] (sorted, unique, each in [1, MAX_BATCH])."""
+    parts = str(text).replace(" ", "").split(",")
+    if "" in parts[:-1] or parts == [""]:   # "1,,8": an entry left out by mistake (a trailing comma is fine)
+        raise UsageError(f"bad batch sizes '{text}': an empty entry", hint=SIZES_HINT)
     try:
-        sizes = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+        sizes = [int(x) for x in parts if x]
     except ValueError:
         raise UsageError(f"bad batch sizes '{text}'", hint=SIZES_HINT) from None
     return _checked_sizes(sizes, text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import warnings
 
 from ...core import op_dtypes
 from ...core.guard import leave_no_trace
@@ -101,6 +102,9 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         op_dtypes.report(result, seen, ctx, "one more step, not profiled")
     result.notes.append(f"operator and module times are totals over the {opts.active} active step(s); "
                         "profiled steps include the overhead of the profiler and of the module labels")
+    if not opts.warmup:
+        result.notes.append(f"{ctx.option('warmup')} 0: the first active step pays one-time costs (allocations, kernel selection) "
+                            "and can skew the times")
     if labels.compiled:
         result.notes.append("torch.compile'd: run compiled, its modules timed as one (a label inside the compiled "
                             "part would break its graph); the first steps, which compile it, are the warm-up's")
@@ -195,8 +199,10 @@ def _profile(opts: Options, ctx, step_fn):
             if opts.trace:
                 prof.export_chrome_trace(str(trace_file))
 
-        prof = profile(activities=activities,
-                       schedule=schedule(wait=opts.wait, warmup=opts.warmup, active=opts.active, repeat=1),
+        with warnings.catch_warnings():   # --warmup 0 is the user's choice, said in a note (run), not torch's warning
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            plan = schedule(wait=opts.wait, warmup=opts.warmup, active=opts.active, repeat=1)
+        prof = profile(activities=activities, schedule=plan,
                        on_trace_ready=on_ready, record_shapes=opts.record_shapes,
                        profile_memory=opts.memory, with_stack=False)
         grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
