@@ -7387,3 +7387,25 @@ def test_dead_units_at_batch_size_1_are_not_called_dead_for_a_quiet_first_sample
     with torch.no_grad():   # the truth: every unit fires on some sample
         assert int((torch.relu(model[0](x)).amax(0) == 0).sum()) == 0
     assert "dead-units" not in {f.code for f in w.result().findings}
+
+
+def test_a_validation_dip_within_noise_is_not_an_improvement_that_overfit():
+    """A sweep (HF Trainer, a tiny BERT, 128 samples whose labels are permuted): eval_loss 0.7025, 0.6996, then up to
+    1.44, never better than chance (ln 2), while the training loss fell 0.69 -> 0.15 (memorised). The hint said
+    "overfitting"; a 0.4% dip is no improvement that carried over. A real improvement first (0.70 -> 0.45) keeps it."""
+    import types
+
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    def hint(evals):
+        engine = types.SimpleNamespace(metrics={"eval_loss": list(zip(range(30, 301, 30), evals))})
+        train = [(s, 0.69 * math.exp(-s / 110)) for s in range(1, 301)]
+        result = Result("watch")
+        report._validation(result, engine, train)
+        return finding(result, "val-worsens").hint
+
+    shuffled = [0.7025, 0.6996, 0.7554, 0.843, 0.9621, 1.1339, 1.1665, 1.3179, 1.4081, 1.4405]
+    assert hint(shuffled).startswith("it was never better than at its first evaluation")
+    learned = [0.7025, 0.52, 0.45, 0.47, 0.55, 0.66, 0.8, 0.95, 1.1, 1.3]
+    assert hint(learned) == "overfitting: stop earlier, add regularisation or data"

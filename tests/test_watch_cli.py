@@ -147,6 +147,7 @@ def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_
     r = cli("watch", "--json", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "13")
     doc = r.json
     assert r.code == 3 and doc["exit_code"] == 3 and doc["partial"]["steps"] == 12, doc
+    assert doc["partial"]["exit_code"] == 3   # a review: the partial's own findings said 0, read alone a pass
     r = cli("watch", "--debug", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "3")
     assert r.code == 3 and 'raise RuntimeError(f"data loader lost its shard at step {step}")' in r.stderr   # its own
 
@@ -444,3 +445,40 @@ def test_a_failure_of_watchs_own_report_is_an_internal_error_naming_it(cli, tmp_
     r = cli("watch", "--", "python", script)
     assert r.code == 4 and "KeyError" in r.stderr and "the report's own failure" in r.stderr, r.stderr
     assert "NoneType" not in r.stderr
+
+
+INLINE_LIGHTNING = """
+import torch, torch.nn as nn, torch.nn.functional as F
+import lightning.pytorch as pl
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return F.cross_entropy(self.head(self.body(x)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+torch.manual_seed(0)
+x = torch.randn(64, 8)
+train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), batch_size=16)
+pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+           enable_model_summary=False).fit(Module(), train)
+"""
+
+
+def test_a_lightning_module_made_inline_names_its_parts_by_their_attributes(cli, tmp_path, monkeypatch):
+    """A sweep: `trainer.fit(M(), ...)` under `torchdiag watch`, its training_step calling self.body and self.head:
+    by the first optimizer step only Lightning's frames held the module, and the rows read `Sequential#0.0.weight`."""
+    pytest.importorskip("lightning.pytorch")
+    (tmp_path / "fit_inline.py").write_text(INLINE_LIGHTNING)
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--json", "--every", "2", "--", "python", "fit_inline.py")
+    assert r.code == 0, r.stderr
+    names = {row["name"] for row in r.json["layers"]}
+    assert names == {"body.0.weight", "body.0.bias", "head.weight", "head.bias"}, names

@@ -129,8 +129,8 @@ def error_document(command: str | None, message: str, hint: str | None, code: in
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": command,
                            "error": {"message": message, "hint": hint}, "exit_code": int(code)}
     if partial is not None:
-        try:
-            doc["partial"] = partial.to_dict()
+        try:   # its exit code is the run's: the findings' own (0 before an error) read as a pass (a review)
+            doc["partial"] = {**partial.to_dict(), "exit_code": int(code)}
         except Exception:  # never hide the real error behind a rendering failure
             pass
     return doc

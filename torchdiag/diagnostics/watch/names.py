@@ -25,20 +25,24 @@ def user_names(root, same) -> list[str]:
     import torch
 
     found: list[str] = []
+    held: list[str] = []   # attributes of a module a trainer's frame holds: the user's names, where no frame of theirs
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if (frame.f_globals.get("__name__") or "").split(".")[0] not in LIBRARIES:
-            here = []
-            for name, value in _bindings(frame):
-                if not isinstance(value, torch.nn.Module):
-                    continue
-                if same(value) and name not in NOT_NAMES:
-                    here.append(name)
-                elif not same(value):
-                    here += [child for child, module in value.named_children() if same(module)]
-            found[:0] = [name for name in dict.fromkeys(here) if name.isidentifier() and name not in found]
+        library = (frame.f_globals.get("__name__") or "").split(".")[0] in LIBRARIES
+        here = []
+        for name, value in _bindings(frame):
+            if not isinstance(value, torch.nn.Module):
+                continue
+            if same(value) and name not in NOT_NAMES and not library:
+                here.append(name)
+            elif not same(value):
+                here += [child for child, module in value.named_children() if same(module)]
+        into = held if library else found
+        into[:0] = [name for name in dict.fromkeys(here) if name.isidentifier() and name not in into]
         frame = frame.f_back
-    return found
+    # a LightningModule made inside `trainer.fit(M(), ...)` whose training_step calls self.body and self.head: by
+    # the first optimizer step only Lightning's frames hold it (a sweep: `Sequential#0.0.weight` for `body.0.weight`)
+    return found or held
 
 
 def _bindings(frame) -> list:

@@ -1465,7 +1465,8 @@ def _validation(result: Result, engine, pairs) -> None:
                 and (t1 < t0 or t0 == t1 == 0)):
             fell = "was exactly 0" if t0 == t1 == 0 else f"fell from {t0:.4g} to {t1:.4g}" + (" (exactly 0)" if t1 == 0 else "")
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
-                       f"to {last:.4g} (step {vals[-1][0]}) while the training loss {fell}", _val_hint(pairs, t1, best == 0))
+                       f"to {last:.4g} (step {vals[-1][0]}) while the training loss {fell}",
+                       _val_hint(pairs, t1, not _improved_first(vals, best, up)))
         elif (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None and t0 > 0
               and t1 > 1.5 * t0 and not any(f.code == "loss-diverged" for f in result.findings)):
             # both worse together: the run diverged, which the training loss alone did not show as far as its own
@@ -1502,7 +1503,8 @@ def _direction(name: str, values: list[float]) -> bool | None:
 
 
 def _val_hint(pairs, end: float, first_best: bool) -> str:
-    """Overfitting, unless the metric was never better than at its first evaluation or the training loss itself
+    """Overfitting, unless the metric was never better than at its first evaluation (beyond its noise:
+    _improved_first) or the training loss itself
     hardly fell (within 10% of its first window's median): a model that learns nothing that carries over (a sweep:
     labels shuffled apart from their inputs, training loss 2.33 -> 2.26 at chance, was told to stop earlier).
     Overfitting proper improves first."""
@@ -1519,6 +1521,23 @@ def _val_hint(pairs, end: float, first_best: bool) -> str:
     return "overfitting: stop earlier, add regularisation or data"
 
 
+def _val_noise(v: list[float]) -> float:
+    """The robust spread of each evaluation about its neighbours' mean (1.4826 x MAD: a normal's standard deviation;
+    a neighbour residual's is sqrt(1.5) x the evaluations')."""
+    off = [v[i] - (v[i - 1] + v[i + 1]) / 2 for i in range(1, len(v) - 1)]
+    centre = statistics.median(off)
+    return 1.4826 * statistics.median(abs(x - centre) for x in off) / math.sqrt(1.5)
+
+
+def _improved_first(vals, best: int, up: bool) -> bool:
+    """The best evaluation beats the first by more than 2% of it and twice the metric's noise: a model that learned
+    something that carried over, before it overfit. A dip of 0.4% (labels shuffled apart from their inputs: eval_loss
+    0.7025, 0.6996, then up to 1.44, worse than chance throughout) is noise (a sweep: "overfitting" was the hint)."""
+    v = [x for _, x in vals]
+    gain = (v[best] - v[0]) if up else (v[0] - v[best])
+    return gain > max(0.02 * abs(v[0]), 2 * _val_noise(v))
+
+
 def _sustained(vals, best: int, up: bool) -> bool:
     """The evaluations after the best (the last VAL_TAIL of them) are all worse than it, and their median by more
     than 2% of it and by more than the metric's own noise allows: the best of n noisy evaluations lies about
@@ -1527,10 +1546,7 @@ def _sustained(vals, best: int, up: bool) -> bool:
     not have (an accuracy one sample up, one down, is all noise)."""
     v = [x for _, x in vals]
     worse = [(v[best] - x) if up else (x - v[best]) for x in v[best + 1:][-VAL_TAIL:]]
-    off = [v[i] - (v[i - 1] + v[i + 1]) / 2 for i in range(1, len(v) - 1)]
-    centre = statistics.median(off)
-    # 1.4826 x MAD: a normal's standard deviation; a neighbour residual's is sqrt(1.5) x the evaluations'
-    noise = 1.4826 * statistics.median(abs(x - centre) for x in off) / math.sqrt(1.5)
+    noise = _val_noise(v)
     need = max(0.02 * max(abs(v[best]), 1e-12), noise * (VAL_NOISE_K + math.sqrt(2 * math.log(len(v)))))
     return min(worse) > 0 and statistics.median(worse) > need
 
