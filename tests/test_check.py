@@ -542,3 +542,20 @@ def test_an_overfit_pass_above_the_limit_shown_says_why(cli, tmp_path, monkeypat
     start, end = (float(v) for v in row["figure"].split("loss ")[1].split(" (")[0].split(" → "))
     assert res.code == 0 and row["status"] == "PASS" and end > 0.01 * start   # the premise: above the limit
     assert row["figure"].endswith("(at the floor its output's range allows)") and row["message"], row
+    # a review: a plain output that passed by the ratio under a target-loss it did not reach has no range to name
+    write(tmp_path, '[tool.torchdiag]\nmodel = "ranged.py:build"\ndevice = "cpu"\n[tool.torchdiag.check]\n'
+                    'overfit-batch = {steps = 300, lr = 0.01, target-loss = 1e-9}\n')
+    (tmp_path / "ranged.py").write_text(RANGED.replace(", torch.nn.Tanh())", ")"))
+    row = next(r for r in cli("check", "--json").json["checks"] if r["check"] == "overfit-batch")
+    assert row["status"] == "PASS" and "(" not in row["figure"] and row["message"] == "", row
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_checkpoint_in_the_config_is_refused(cli, tmp_path, monkeypatch, value):
+    """A review: checkpoint = "" ran the checks on random weights and passed; "  " said "checkpoint not found:   "
+    with a hint naming --checkpoint, which the user never typed."""
+    write(tmp_path, f'[tool.torchdiag]\nmodel = "{sample("mlp.py:build")}"\ndevice = "cpu"\ncheckpoint = "{value}"\n'
+                    '[tool.torchdiag.check]\nmax-params = "1M"\n')
+    monkeypatch.chdir(tmp_path)
+    res = cli("check")
+    assert res.code == 2 and "is an empty path" in res.stderr, res.stderr

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from support import one_error_line
+from support import one_error_line, sample
 
 MODEL = """
 import torch
@@ -682,3 +682,16 @@ def test_a_checkpoint_without_batch_counts_loads_as_torch_loads_it(tmp_path):
     report = load(model, str(path), torch.device("cpu"), strict=True)
     assert report.fits and not report.missing
     assert torch.equal(model[1].running_mean, torch.full((8,), 0.5))
+
+
+def test_a_checkpoint_far_off_names_a_few_keys_in_the_header_and_every_one_as_a_finding(tmp_path, cli):
+    """A review: with --no-strict-checkpoint the header listed every missing, unexpected and mismatched key (hundreds
+    for a wrong checkpoint); each is a finding of its own already."""
+    path = tmp_path / "other.pt"
+    torch.save({f"w{i}": torch.zeros(2) for i in range(8)}, path)
+    r = cli("summary", sample("mlp.py:build"), "--checkpoint", path, "--no-strict-checkpoint", "--json")
+    head = r.json["checkpoint"][0]
+    assert "6 missing (0.weight, 0.bias, 2.weight and 3 more)" in head, head
+    assert "8 unexpected (w0, w1, w2 and 5 more)" in head and "w7" not in head, head
+    keys = {f["where"] for f in r.json["findings"] if f["code"].startswith("checkpoint-")}
+    assert len(keys) == 14 and "w7" in keys and "4.bias" in keys, keys

@@ -239,6 +239,8 @@ def test_fvcore_engine_reports_macs_and_unsupported(cli):
     assert torch_doc["forward_macs"] == conv + fc
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_fvcore_engine_lets_no_import_warning_through():
     """A hostile review: fvcore's import warns that torch.jit.script is deprecated, printed raw on stderr (its code,
     not the user's model). A fresh process, since the import warns once."""

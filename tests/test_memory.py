@@ -706,10 +706,20 @@ def test_a_backward_peaks_temporaries_are_not_said_to_grow_with_the_input(tmp_pa
 
 
 @pytest.mark.parametrize("args, said", [(("--mode", "inference", "--optimizer", "sgd"), "--optimizer applies to --mode train"),
-                                        (("--batch-sizes", "1,,8"), "an empty entry")])
+                                        (("--batch-sizes", "1,,8"), "an empty entry"),
+                                        (("--batch-sizes", ""), "an empty entry")])
 def test_an_option_that_would_be_ignored_or_a_lost_entry_is_refused(cli, args, said):
     """A hostile review: --optimizer under --mode inference was taken and did nothing, and "1,,8" was read as 1,8."""
     r = cli("memory", sample("mlp.py:build"), "--device", "cpu", *args)
     assert r.code == 2 and said in r.stderr, r.stderr
     ok = cli("memory", sample("mlp.py:build"), "--device", "cpu", "-i", "4x784", "--batch-sizes", "1,8,", "--json")
     assert ok.code == 0 and {row["batch_size"] for row in ok.json["batch_sizes"]} - {4} == {1, 8}, ok.stderr
+
+
+def test_the_python_api_refuses_an_optimizer_in_inference_mode():
+    """A review: the command line refused it, run("memory", ..., mode="inference", optimizer="sgd") took it silently."""
+    from torchdiag.api import run
+    from torchdiag.errors import OptionError
+
+    with pytest.raises(OptionError, match="takes no optimizer steps"):
+        run("memory", torch.nn.Linear(4, 2), (torch.randn(2, 4),), mode="inference", optimizer="sgd")

@@ -2258,8 +2258,8 @@ def test_an_optimizer_over_tensors_the_backward_never_reaches_is_one_finding():
     assert f.severity == "error" and "none of the 4 trainable parameters" in f.message
 
 
-@pytest.mark.parametrize("schedule", ["step_per_batch", "step2_per_batch", "step3_per_batch", "cosine_to_zero",
-                                      "plateau", "none"])
+@pytest.mark.parametrize("schedule", ["step_per_batch", "step2_per_batch", "step3_per_batch", "step10_per_batch",
+                                      "cosine_to_zero", "plateau", "none"])
 def test_a_rate_that_collapses_early_is_a_warning(schedule):
     """A sweep: StepLR(gamma=0.9) stepped per batch took the rate to 4e-14 and the loss froze; watch said pass. A
     cosine that ends at 0 reaches the same floor only at its end, and ReduceLROnPlateau cuts it in a few steps once
@@ -2270,6 +2270,8 @@ def test_a_rate_that_collapses_early_is_a_warning(schedule):
              # a sweep: StepLR(step_size=2 or 3) stepped per batch changes the rate at half or a third of the steps
              "step2_per_batch": torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
              "step3_per_batch": torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5),
+             # a review: the same cut at the same interval from the first step (StepLR(30, 0.1) meant per epoch)
+             "step10_per_batch": torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.1),
              "cosine_to_zero": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=120),
              "plateau": torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.1, patience=1), "none": None}[schedule]
     g = torch.Generator().manual_seed(0)
@@ -2289,7 +2291,7 @@ def test_a_rate_that_collapses_early_is_a_warning(schedule):
     found = [f for f in w.result().findings if f.code == "lr-collapsed"]
     assert len(found) == schedule.endswith("per_batch"), [f.message for f in found]
     # 0.1 * 0.8**k < 1e-4 from k = 31: the 32nd step's rate; 0.5**k < 1e-3 from k = 10: the 21st and 31st steps'
-    at = {"step_per_batch": 32, "step2_per_batch": 21, "step3_per_batch": 31}.get(schedule)
+    at = {"step_per_batch": 32, "step2_per_batch": 21, "step3_per_batch": 31, "step10_per_batch": 41}.get(schedule)
     if found:
         assert found[0].severity == "warning" and f"by step {at}," in found[0].message, found[0].message
 

@@ -79,6 +79,10 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
     if given and getattr(diagnostic, "OPTIMIZER", None) is None:   # nothing trains: the keys would be ignored
         key = next(k for k, f in OPTIMIZER_KEYS.items() if f in given)
         raise OptionError(key, f"{command} takes no optimizer steps", hint=f"leave {key} out")
+    if given and kw.get("mode") == "inference":   # as the command line says (a review: memory took it silently)
+        key = next(k for k, f in OPTIMIZER_KEYS.items() if f in given)
+        raise OptionError(key, f"{command} in mode 'inference' takes no optimizer steps",
+                          hint=f"leave {key} out, or use mode='train'")
     run = {k: kw.pop(k) for k in RUN_KEYS if k in kw}
     if isinstance(run.get("amp"), bool):  # memory's amp=True: autocast in the device's own low precision
         run["amp"] = "auto" if run["amp"] else None

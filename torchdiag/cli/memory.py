@@ -49,7 +49,7 @@ def run(o) -> None:
 
     job = c.job("memory", o, optimizer=dict(name=o.optimizer or "adam"), outputs={"snapshot": o.snapshot},
                 precheck=precheck,
-                options=lambda: diag.Options(mode=o.mode, batch_sizes=o.batch_sizes or (), budget=o.budget, top=o.top,
+                options=lambda: diag.Options(mode=o.mode, batch_sizes=o.batch_sizes if o.batch_sizes is not None else (), budget=o.budget, top=o.top,
                                              depth=o.depth, shard=o.shard, snapshot=o.snapshot is not None))
     c.execute(job, render_extra=record)
 

@@ -134,6 +134,9 @@ def validate_model_entry(entry: dict, where: str) -> None:
                                                               "name": 'name = "small"',
                                                               "checkpoint": 'checkpoint = "weights.safetensors"',
                                                               "dtype": 'dtype = "bfloat16"', "amp": 'amp = "bf16"'}[key])
+        if key == "checkpoint" and not value.strip():   # a review: "" ran on random weights and passed
+            raise UsageError(f'checkpoint = {value!r} in {where} is an empty path',
+                             hint='name the weights file (checkpoint = "weights.safetensors"), or leave the key out')
         if key == "strict-checkpoint" and not isinstance(value, bool):
             raise _type_error(key, value, where, "true or false", "strict-checkpoint = false")
         if key == "inputs" and not (isinstance(value, str) or
@@ -607,17 +610,24 @@ def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
     return not bad, figure if not bad else f"{n} error finding(s)", bad
 
 
+# the overfit-batch findings that pass a loss above the limit, and what the check row says of each
+_PASSED_ABOVE = {"made-target-out-of-range": "at the floor its output's range allows",
+                 "bounded-output": "at the floor its output's range allows",
+                 "other-outputs-unfitted": "memorised on one output"}
+
+
 def _passed_above(r, opts, figure: str) -> tuple[str, str]:
-    """(figure, message) of an overfit-batch PASS: one whose loss ended above the limit the table shows passed at the
-    floor its output's range leaves (a tanh, a unit-norm row against torchdiag's own target) and says so, with the
-    finding that tells it (a sweep: "loss 3.042 → 0.1828 │ ≤ 0.01 × initial │ PASS", unexplained)."""
+    """(figure, message) of an overfit-batch PASS: one whose loss ended above both limits (the ratio's, and
+    --target-loss where given: either passes) passed for a reason a finding tells, said beside the figure (a sweep:
+    "loss 3.042 → 0.1828 │ ≤ 0.01 × initial │ PASS", unexplained; a review: a pass by the ratio under a
+    target-loss of 1e-9 was given a range it does not have)."""
     d = r.data
     initial, final = d.get("initial_loss"), d.get("final_loss")
-    limit = opts.target_loss if opts.target_loss is not None else opts.target_ratio * (initial or 0.0)
-    if final is None or final <= limit:
+    if initial is None or final is None or final <= opts.target_ratio * initial or (
+            opts.target_loss is not None and final <= opts.target_loss):
         return figure, ""
-    why = next((f for f in r.findings if f.severity == "info"), None)
-    return figure + " (at the floor its output's range allows)", (f"{why.code}: {why.message}" if why else "")
+    why = next((f for f in r.findings if f.code in _PASSED_ABOVE and f.severity == "info"), None)
+    return (figure + f" ({_PASSED_ABOVE[why.code]})", f"{why.code}: {why.message}") if why else (figure, "")
 
 
 def _lr_find_check(settings, model, inputs, ctx, record) -> None:
