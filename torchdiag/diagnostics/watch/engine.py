@@ -66,6 +66,7 @@ def _guarded(hook):
 
 ROWS_UNREAD = 100   # an optimizer's per-step rows no read took, in units of `every`, at which one is made (one sync)
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
+END_STOPPED = 10   # a model's optimizer's steps to the run's end since the clock's last, at least, for a handover there
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
                        # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
@@ -919,6 +920,26 @@ class Engine:
         return (bool(t.roots) and not t.released and self.step >= 2 * every
                 and t.since_clock > max(2 * every, CLOCK_STOPPED * t.peak_since))
 
+    def _stopped_at_end(self) -> None:
+        """The run ended with the clock idle while a model's optimizer took END_STOPPED steps or more since the clock's
+        last, CLOCK_STOPPED times its longest run of steps between two of the clock's: the clock had stopped, and
+        those steps are counted and judged as _stopped's handover counts them (a sweep: a teacher's 16 steps, then a
+        student's 48 at lr 1e4 whose BatchNorm statistics went non-finite; `2 x every` was never reached, and the run
+        passed on the teacher's 16). A GAN's critic burst at the end is no longer than its bursts before."""
+        held = self.tracks.get(id(self.clock)) if self.clock is not None else None
+        if held is None or self._provisional:
+            return
+        stopped = [t for t in self.tracks.values() if t is not held and t.roots and not t.released
+                   and t.since_clock >= END_STOPPED and t.since_clock > CLOCK_STOPPED * t.peak_since]
+        opt = max(stopped, key=lambda t: t.since_clock)._opt() if stopped else None
+        if opt is None:
+            return
+        t = self.tracks[id(opt)]
+        self.stop_handovers.append((self.step + 1, _kind_over(t), _kind_over(held), t.since_clock))
+        self._hand_over(t)
+        self.clock = opt
+        self._credit(t, t.since_clock, t.own_losses)
+
     def _hand_over(self, t: Track) -> None:
         """The count passes to t's optimizer (the first, one taking over, one after the clock was let go): noted with
         whether its parameters are nested with the last clock's (the same objective: made again, layers unfrozen, the
@@ -1665,6 +1686,12 @@ class Engine:
         with contextlib.suppress(Exception):   # a help, never a new failure of the run
             self._adopt_untrained()
             self._not_in_optimizer()
+        with contextlib.suppress(Exception):
+            self._stopped_at_end()
+            if self.stop_handovers and self._last_read < self.stop_handovers[-1][0]:
+                # no read step since the count passed to a stopped clock's successor: its model as the steps left it
+                # (BatchNorm statistics, modes) with the last read (a sweep: a student's non-finite statistics passed)
+                self._read_step_checks()
         with contextlib.suppress(Exception):
             self._observe_frozen()   # a run shorter than `every`, or a model put in eval since the last read
         try:

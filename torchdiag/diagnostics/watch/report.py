@@ -632,7 +632,22 @@ def _negligible(track, i: int) -> bool:
     """A gradient at most 1e-6 of the parameter's norm at every step: rounding noise of a gradient
     the model cancels (a bias before BatchNorm gets ~1e-9), too small to move float32 weights."""
     norm = track.weight_norm[i] if track.weight_norm else None
+    if norm is None:   # never read (a student's steps counted from a stopped clock at the end): its value now, once
+        norm = _live_norm(track.params[i])
     return track.grad_max[i] == 0 or (norm is not None and math.isfinite(norm) and track.grad_max[i] <= 1e-6 * norm)
+
+
+def _live_norm(p) -> float | None:
+    """A parameter's norm as it is now (None for a released one's stand-in, or one that cannot be read)."""
+    import torch
+
+    if not isinstance(p, torch.Tensor):
+        return None
+    try:
+        with torch.no_grad():
+            return float(p.detach().float().norm())
+    except Exception:   # noqa: BLE001 - a meta or freed tensor: not known
+        return None
 
 
 def _parts_fed(engine) -> dict:
