@@ -7285,6 +7285,20 @@ def test_a_fully_sharded_run_is_said_not_watched_and_still_runs(tmp_path):
 
 
 
+def _fit_mse(model, opt, x, y, steps: int, batch: int, every: int, sched=None, first=None):
+    """A regression loop under Watch: random batches (`first`, the first step's indices, where given)."""
+    with Watch(model, opt, every=every) as w:
+        for step in range(steps):
+            i = first if step == 0 and first is not None else torch.randint(0, len(x), (batch,))
+            loss = F.mse_loss(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+    return w
+
+
 def test_a_review_of_four_watch_rules_on_healthy_runs_and_a_missed_collapse():
     """A hostile review of this session's rules, each of its cases as it ran:
     - ReduceLROnPlateau stepped per epoch (one batch an epoch, patience 1) cut a converged run's rate 3 steps apart
@@ -7319,15 +7333,7 @@ def test_a_review_of_four_watch_rules_on_healthy_runs_and_a_missed_collapse():
     y = x @ torch.randn(10, 1) + 0.1 * torch.randn(512, 1)
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-    with Watch(model, opt, every=10) as w:
-        for _ in range(400):
-            i = torch.randint(0, 512, (32,))
-            loss = F.mse_loss(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
+    w = _fit_mse(model, opt, x, y, 400, 32, 10, sched=torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5))
     assert "by step 31," in codes(w)["lr-collapsed"].message
 
     def tiny(model):
@@ -7339,16 +7345,9 @@ def test_a_review_of_four_watch_rules_on_healthy_runs_and_a_missed_collapse():
     torch.manual_seed(0)
     x, truth = torch.randn(4000, 8), torch.randn(8, 1)
     y = x @ truth + 0.3 * torch.randn(4000, 1)
-    easy = torch.argsort(y.abs().flatten())[:32]
     model = tiny(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with Watch(model, opt, every=50) as w:
-        for step in range(600):
-            i = easy if step == 0 else torch.randint(0, 4000, (32,))
-            loss = F.mse_loss(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    w = _fit_mse(model, opt, x, y, 600, 32, 50, first=torch.argsort(y.abs().flatten())[:32])
     with torch.no_grad():   # the truth: far better than the untrained model (mean y² ~7)
         assert F.mse_loss(model(x), y) < 0.1 * (y ** 2).mean()
     assert "loss-diverged" not in codes(w), codes(w)["loss-diverged"].message
@@ -7359,15 +7358,8 @@ def test_a_review_of_four_watch_rules_on_healthy_runs_and_a_missed_collapse():
     y = x @ torch.randn(8, 1) + 0.3 * torch.randn(2000, 1)
     model = tiny(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[250, 400], gamma=0.1)
-    with Watch(model, opt, every=50) as w:
-        for _ in range(800):
-            i = torch.randint(0, 2000, (64,))
-            loss = F.mse_loss(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
+    w = _fit_mse(model, opt, x, y, 800, 64, 50,
+                 sched=torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[250, 400], gamma=0.1))
     plateau = codes(w).get("loss-plateau")
     assert plateau is None or plateau.hint == "converged, or the learning rate is too small", plateau.hint
 
