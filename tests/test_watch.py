@@ -7445,3 +7445,62 @@ def test_a_student_trained_after_a_short_teacher_stage_is_counted_and_judged(lr)
     assert bad == (lr > 1)   # the truth: the statistics went non-finite at lr 1e4 only
     found = {f.code for f in r.findings if f.severity in ("warning", "error")}
     assert found == ({"non-finite-bn-stats"} if bad else set()), [f.to_dict() for f in r.findings]
+
+
+def test_a_calibration_stage_after_training_is_no_module_kept_in_eval():
+    """A review: a model trained 200 steps, then put in eval inside a wrapper whose temperature Adam fits for 12 steps
+    (temperature scaling): the end-of-run handover's checks called its BatchNorm "in eval while the model trained"
+    and hinted model.train(), which would overwrite the trained statistics."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 8)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+
+    class WithT(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.model, self.temperature = m, nn.Parameter(torch.ones(1) * 1.5)
+
+        def forward(self, x):
+            return self.model(x) / self.temperature
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+    with Watch() as w:
+        opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+        for _ in range(200):
+            i = torch.randint(0, 512, (64,))
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        wt = WithT(model)
+        copt = torch.optim.Adam([wt.temperature], 0.01)
+        for _ in range(12):
+            loss = F.cross_entropy(wt(x), y)
+            copt.zero_grad()
+            loss.backward()
+            copt.step()
+    r = w.result()
+    assert r.data["steps"] == 212 and not [f.code for f in r.findings if f.severity != "info"], r.findings
+
+
+def test_a_per_epoch_schedule_at_the_noise_floor_is_no_collapse():
+    """A review: MultiStepLR([10, 20, 30, 40]) stepped per epoch of 5 batches cut a regression already at its
+    optimum (0.05% above least squares) by the same factor at the same interval from the first step: called a
+    scheduler stepped per batch. The loss was no longer falling when the cuts began."""
+    torch.manual_seed(0)
+    x = torch.randn(80, 10)
+    y = x @ torch.randn(10, 1) + 0.5 * torch.randn(80, 1)
+    model = nn.Linear(10, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[10, 20, 30, 40], gamma=0.1)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(100):
+            for i in torch.randperm(80).split(16):
+                loss = F.mse_loss(model(x[i]), y[i])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            sched.step()
+    assert opt.param_groups[0]["lr"] < 1e-4   # the premise: it went under 1e-3 of its peak, at step 201 of 500
+    assert "lr-collapsed" not in {f.code for f in w.result().findings}

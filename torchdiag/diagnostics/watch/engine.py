@@ -920,6 +920,22 @@ class Engine:
         return (bool(t.roots) and not t.released and self.step >= 2 * every
                 and t.since_clock > max(2 * every, CLOCK_STOPPED * t.peak_since))
 
+    def _queue_bn_stats(self, kinds) -> None:
+        """The norms of every watched model's normalisation statistics (`kinds`: mode_sensitive's modules), queued
+        for the next read: a non-finite one is non-finite-bn-stats."""
+        import torch
+
+        stats = []
+        for root in self.roots.values():
+            prefix = self.root_prefix(root)
+            stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
+                      if isinstance(m, kinds)
+                      for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
+        if stats:
+            with torch.no_grad():
+                norms = torch.stack([n.float() for n in norms32([t for _, t in stats])])
+            self.pending.append(("bn", (self.step, [n for n, _ in stats]), norms))
+
     def _stopped_at_end(self) -> None:
         """The run ended with the clock idle while a model's optimizer took END_STOPPED steps or more since the clock's
         last, CLOCK_STOPPED times its longest run of steps between two of the clock's: the clock had stopped, and
@@ -1491,7 +1507,6 @@ class Engine:
         self._last_read = self.step
         self._observe_frozen()
         sensitive = mode_sensitive()
-        stats = []
         for _rid, root in self.roots.items():
             if not inner(root).training:
                 continue
@@ -1522,15 +1537,7 @@ class Engine:
                         self.checks["unowned_eval"].setdefault(prefix + name, prefix + owner)
                         asked.append(owner)
             self._eval_regions(inner(root), prefix, asked, in_eval, in_opt | self.doubles.held)   # (+ not given)
-        for root in self.roots.values():
-            prefix = self.root_prefix(root)
-            stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
-                      if isinstance(m, sensitive[1])
-                      for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
-        if stats:
-            with torch.no_grad():
-                norms = torch.stack([n.float() for n in norms32([t for _, t in stats])])
-            self.pending.append(("bn", (self.step, [n for n, _ in stats]), norms))
+        self._queue_bn_stats(sensitive[1])
         if self.on_histograms is not None:
             named = [(self.root_prefix(root) + n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
             with torch.no_grad():
@@ -1689,9 +1696,11 @@ class Engine:
         with contextlib.suppress(Exception):
             self._stopped_at_end()
             if self.stop_handovers and self._last_read < self.stop_handovers[-1][0]:
-                # no read step since the count passed to a stopped clock's successor: its model as the steps left it
-                # (BatchNorm statistics, modes) with the last read (a sweep: a student's non-finite statistics passed)
-                self._read_step_checks()
+                # no read step since the count passed to a stopped clock's successor: its normalisation statistics
+                # as the steps left them, with the last read (a sweep: a student's non-finite statistics passed).
+                # Not the modes scan: a trained model kept in eval inside the next stage's (a teacher, a model being
+                # calibrated) is that stage's design (a review)
+                self._queue_bn_stats(mode_sensitive()[1])
         with contextlib.suppress(Exception):
             self._observe_frozen()   # a run shorter than `every`, or a model put in eval since the last read
         try:

@@ -844,7 +844,11 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
     # into the first steps' fall and the batches' noise (a review: a collapse at step 31 of a window of 40 measured
     # 4.68, then 3.91 over its last 16 steps, against a frozen model's 3.51 at the end, and passed)
     before, end = statistics.median(values[i:i + w]), statistics.median(values[-w:])
-    if _fell(values[i:i + w], values[-w:]) or not _decays_per_step(known, k):
+    def learning(first_cut: int) -> bool:   # the loss fell from just before the first cut (the later half of the
+        j = next(j for j, (s, _) in enumerate(pairs) if s >= first_cut)   # steps before it) to the collapse
+        return j > 1 and _fell(values[max(j // 2, j - w):j], values[max(j, i - w):i + 1])
+
+    if _fell(values[i:i + w], values[-w:]) or not _decays_per_step(known, k, learning):
         return
     result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "
                f"{step}, {100 * k // len(known)}% into the run, and stayed under {LR_COLLAPSE:g}× its highest to the "
@@ -865,7 +869,7 @@ def _fell(first: list[float], last: list[float]) -> bool:
     return b < a - max(0.05 * abs(a), 2 * math.sqrt(se2(first) + se2(last)))
 
 
-def _decays_per_step(known: list, k: int) -> bool:
+def _decays_per_step(known: list, k: int, learning=lambda step: True) -> bool:
     """Did the rate change at more than half of the steps before it went under, or at 3 changes or more, at most
     STEPPED_GAP steps apart from the run's first step on, or by the same factor at the same interval from the first
     step (a scheduler stepped per batch, its step_size counted in batches)? One stepped per epoch,
@@ -881,9 +885,12 @@ def _decays_per_step(known: list, k: int) -> bool:
     if len(at) > k / 2 or (len(at) >= 3 and max(gaps) <= STEPPED_GAP):
         return True
     # StepLR(step_size=30, gamma=0.1) stepped per batch: the same cut every 30 steps from the first (a second
-    # review: 0.05 -> 5e-15, the loss 1.29 against 0.24 without it, passed)
+    # review: 0.05 -> 5e-15, the loss 1.29 against 0.24 without it, passed), while the loss was still falling from
+    # the first cut on (`learning(step)`): the same schedule stepped per epoch on a run already at its noise floor is
+    # the schedule working (a third review: MultiStepLR([10, 20, 30, 40]) per epoch of 5 batches at the optimum)
     factors = [f for _, f in cuts]
-    return len(at) >= 3 and max(gaps) - min(gaps) <= 1 and max(factors) <= min(factors) * (1 + 1e-6)
+    return (len(at) >= 3 and max(gaps) - min(gaps) <= 1 and max(factors) <= min(factors) * (1 + 1e-6)
+            and learning(at[0]))
 
 
 def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]]:
