@@ -7504,3 +7504,25 @@ def test_a_per_epoch_schedule_at_the_noise_floor_is_no_collapse():
             sched.step()
     assert opt.param_groups[0]["lr"] < 1e-4   # the premise: it went under 1e-3 of its peak, at step 201 of 500
     assert "lr-collapsed" not in {f.code for f in w.result().findings}
+
+
+def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
+    """A sweep: a script that opens its own watch_callback, run under `torchdiag watch`: the metrics went to the inner
+    watch only, which found val-worsens, and the outer report (the command's exit code) passed."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch() as outer:
+        with Watch(model, opt, every=5) as inner:
+            for step in range(20):
+                x, y = _xy(g)
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if step % 5 == 4:
+                    inner.log("val_loss", 1.0 + step / 10)
+                    inner.set_epoch(step // 5)
+    for w in (inner, outer):
+        assert [v for _, v in w.result().data["metrics"]["val_loss"]] == [1.4, 1.9, 2.4, 2.9], w.result().data["metrics"]
+    assert outer.engine.epoch == 3

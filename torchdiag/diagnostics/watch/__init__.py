@@ -104,10 +104,18 @@ class Watch:
         if self.engine is None:
             raise UsageError("watch: log() is for inside the `with` block")
         self.engine.log(str(name), value, step)
+        for outer in self._outer():   # the run's metric: a watch around this one (`torchdiag watch` around a script
+            outer.engine.log(str(name), value, step)   # that opens a watch_callback) judges it too (a sweep: it passed)
 
     def set_epoch(self, epoch: int) -> None:
         if self.engine is not None:
             self.engine.set_epoch(epoch)
+            for outer in self._outer():
+                outer.engine.set_epoch(epoch)
+
+    def _outer(self) -> list:
+        """The open watches this one was opened inside of."""
+        return [w for w in _active[:_active.index(self)] if w.engine is not None] if self in _active else []
 
     def finish(self, interrupted=None, failure: str | None = None):
         """The last read, hooks removed, the Result built (once)."""
