@@ -7408,8 +7408,8 @@ def test_a_validation_dip_within_noise_is_not_an_improvement_that_overfit():
     assert hint(learned) == "overfitting: stop earlier, add regularisation or data"
 
 
-@pytest.mark.parametrize("lr", [1e4, 0.01])
-def test_a_student_trained_after_a_short_teacher_stage_is_counted_and_judged(lr):
+@pytest.mark.parametrize("lr, given", [(1e4, False), (0.01, False), (1e4, True)])
+def test_a_student_trained_after_a_short_teacher_stage_is_counted_and_judged(lr, given):
     """A sweep: a teacher's 16 steps, then a student's 48 (the teacher's optimizer kept in a variable): the count
     stayed with the teacher (a stopped clock hands over after 2 x every steps of the other), and a student at lr 1e4
     whose BatchNorm statistics went non-finite passed on the teacher's 16. At the run's end a clock idle for 10 steps
@@ -7422,7 +7422,8 @@ def test_a_student_trained_after_a_short_teacher_stage_is_counted_and_judged(lr)
     student = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                             nn.Flatten(), nn.Linear(8, 4))
     topt = torch.optim.SGD(teacher.parameters(), lr=0.05, momentum=0.9)
-    with Watch() as w:
+    # given: the models named (a review: every track's roots were empty there, and the handover never came)
+    with (Watch([teacher, student], None) if given else Watch()) as w:
         for i in range(16):
             b = slice(8 * (i % 16), 8 * (i % 16) + 8)
             loss = F.cross_entropy(teacher(x[b]), y[b])
@@ -7526,3 +7527,17 @@ def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
     for w in (inner, outer):
         assert [v for _, v in w.result().data["metrics"]["val_loss"]] == [1.4, 1.9, 2.4, 2.9], w.result().data["metrics"]
     assert outer.engine.epoch == 3
+    # a review: an outer watch given its own model judges that model's metrics and epochs only (a probe's val_loss
+    # under its own watch was a val-worsens of the outer model's run)
+    other = _mlp()
+    with Watch(other, torch.optim.SGD(other.parameters(), lr=0.05)) as outer:
+        with Watch(model, opt, every=5) as inner:
+            for _ in range(10):
+                x, y = _xy(g)
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                inner.log("val_loss", 1.0)
+                inner.set_epoch(7)
+    assert "val_loss" not in outer.engine.metrics and outer.engine.epoch is None

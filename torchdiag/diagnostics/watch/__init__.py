@@ -114,8 +114,12 @@ class Watch:
                 outer.engine.set_epoch(epoch)
 
     def _outer(self) -> list:
-        """The open watches this one was opened inside of."""
-        return [w for w in _active[:_active.index(self)] if w.engine is not None] if self in _active else []
+        """The open watches this one was opened inside of that watch the whole run (no models given: the command's
+        around a script). One given its own models judges their metrics and epochs only (a review: a probe's
+        val_loss under its own watch was a val-worsens of the outer model's run, its epochs named the outer's)."""
+        if self not in _active:
+            return []
+        return [w for w in _active[:_active.index(self)] if w.engine is not None and not w.engine.explicit_models]
 
     def finish(self, interrupted=None, failure: str | None = None):
         """The last read, hooks removed, the Result built (once)."""

@@ -945,7 +945,8 @@ class Engine:
         held = self.tracks.get(id(self.clock)) if self.clock is not None else None
         if held is None or self._provisional:
             return
-        stopped = [t for t in self.tracks.values() if t is not held and t.roots and not t.released
+        stopped = [t for t in self.tracks.values() if t is not held and (t.roots or self.explicit_models)
+                   and not t.released
                    and t.since_clock >= END_STOPPED and t.since_clock > CLOCK_STOPPED * t.peak_since]
         opt = max(stopped, key=lambda t: t.since_clock)._opt() if stopped else None
         if opt is None:
