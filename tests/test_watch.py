@@ -7513,9 +7513,10 @@ def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
-    with Watch() as outer:
-        with Watch(model, opt, every=5) as inner:
-            for step in range(20):
+
+    def inner_run(outer_watch, steps):   # the loop under an inner watch, logging every 5th step
+        with outer_watch as outer, Watch(model, opt, every=5) as inner:
+            for step in range(steps):
                 x, y = _xy(g)
                 loss = F.cross_entropy(model(x), y)
                 opt.zero_grad()
@@ -7524,20 +7525,14 @@ def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
                 if step % 5 == 4:
                     inner.log("val_loss", 1.0 + step / 10)
                     inner.set_epoch(step // 5)
+        return outer, inner
+
+    outer, inner = inner_run(Watch(), 20)
     for w in (inner, outer):
         assert [v for _, v in w.result().data["metrics"]["val_loss"]] == [1.4, 1.9, 2.4, 2.9], w.result().data["metrics"]
     assert outer.engine.epoch == 3
     # a review: an outer watch given its own model judges that model's metrics and epochs only (a probe's val_loss
     # under its own watch was a val-worsens of the outer model's run)
     other = _mlp()
-    with Watch(other, torch.optim.SGD(other.parameters(), lr=0.05)) as outer:
-        with Watch(model, opt, every=5) as inner:
-            for _ in range(10):
-                x, y = _xy(g)
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                inner.log("val_loss", 1.0)
-                inner.set_epoch(7)
+    outer, _ = inner_run(Watch(other, torch.optim.SGD(other.parameters(), lr=0.05)), 10)
     assert "val_loss" not in outer.engine.metrics and outer.engine.epoch is None

@@ -857,16 +857,18 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
                "step() calls), or a gamma or milestones far too small")
 
 
-def _fell(first: list[float], last: list[float]) -> bool:
-    """`last`'s median below `first`'s by 5% of it and by twice the standard error of the difference of two medians
-    (1.253 × 1.4826 × MAD / √n each): batch losses of a frozen model spread 2-7 and their medians over 40 steps
-    differ by 8% by chance (a review)."""
-    def se2(xs):
-        m = statistics.median(xs)
-        return (1.253 * 1.4826 * statistics.median(abs(x - m) for x in xs)) ** 2 / len(xs)
+def _median_se(xs: list[float]) -> float:
+    """The standard error of a median of `xs` (1.253 × 1.4826 × MAD / √n: a normal's, robustly)."""
+    m = statistics.median(xs)
+    return 1.253 * 1.4826 * statistics.median(abs(x - m) for x in xs) / math.sqrt(len(xs))
 
+
+def _fell(first: list[float], last: list[float]) -> bool:
+    """`last`'s median below `first`'s by 5% of it and by twice the standard error of the difference of the two
+    medians: batch losses of a frozen model spread 2-7 and their medians over 40 steps differ by 8% by chance (a
+    review)."""
     a, b = statistics.median(first), statistics.median(last)
-    return b < a - max(0.05 * abs(a), 2 * math.sqrt(se2(first) + se2(last)))
+    return b < a - max(0.05 * abs(a), 2 * math.hypot(_median_se(first), _median_se(last)))
 
 
 def _decays_per_step(known: list, k: int, learning=lambda step: True) -> bool:
@@ -1247,12 +1249,10 @@ def _weight_growth(engine, floored: bool = False) -> float | None:
 
 def _halves_flat(values: list[float]) -> bool:
     """The second half's median no lower than the first half's by more than twice the first half's standard error
-    of a median (1.253 × 1.4826 × MAD / √n): a flat curve, whatever its batch-to-batch noise."""
+    of a median (_median_se): a flat curve, whatever its batch-to-batch noise."""
     h = len(values) // 2
     first, second = values[:h], values[h:]
-    m1 = statistics.median(first)
-    mad = statistics.median(abs(v - m1) for v in first)
-    return statistics.median(second) >= m1 - 2 * 1.253 * 1.4826 * mad / math.sqrt(len(first))
+    return statistics.median(second) >= statistics.median(first) - 2 * _median_se(first)
 
 
 UNSCALED = 100.0   # a float input this large is raw (pixels in 0..255, counts, prices), not standardised
