@@ -32,6 +32,7 @@ from .frozen import LATER, frozen_probe, passed_through, recomputed, take, worth
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
+from .schedulers import SchedulerCalls
 from .stats import (
     CLOCK_STOPPED,
     Track,
@@ -196,6 +197,7 @@ class Engine:
         self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
         self._clip_window: list = []        # ... and the norms clip_grad_norm_ returned before its step (clip.py)
         self.clips = ClipNorms(self)
+        self.schedulers = SchedulerCalls(self)
         self.closed = False
         self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
         self._closure_steps: set = set()    # optimizers inside a step(closure) call
@@ -279,6 +281,7 @@ class Engine:
         torch.Tensor.backward = backward
         self._wrap_scaler()
         self.clips.attach()
+        self.schedulers.attach()
         return self
 
     def _saw_scaled(self, out, outputs) -> None:
@@ -359,6 +362,7 @@ class Engine:
 
             GradScaler.scale, GradScaler.step = self._scaler_scale, self._scaler_step
         self.clips.close()
+        self.schedulers.close()
         self._scaled = None
 
     def _discover(self, on: bool):
@@ -798,10 +802,9 @@ class Engine:
         except Exception:   # a help only: a graph it cannot read (an op's saved values released) says nothing
             return
         for fault in faults:
-            if fault[0] == "probs":
-                self.checks.setdefault("probs_into_loss", (self.step + 1, *fault[1:]))
-            else:
-                self.checks.setdefault("loss_broadcast", (self.step + 1, *fault[1:]))
+            kind = {"probs": "probs_into_loss", "broadcast": "loss_broadcast", "dim": "loss_dim",
+                    "sigmoid": "sigmoid_into_loss"}[fault[0]]
+            self.checks.setdefault(kind, (self.step + 1, *fault[1:]))
 
     # ----------------------------------------------------------------- optimizer steps
     @property
@@ -836,6 +839,7 @@ class Engine:
             else:
                 t = self.tracks[id(opt)] = Track(opt, self.opts)
                 t.marks = self._marks()
+                t.first_before_backward = self.backwards == 0
                 # a search for its model, while fewer than MAX_SEARCHES optimizers were searched for in vain (one
                 # made every iteration for an attack would keep every module call hooked; one a fold is found)
                 t.first_step = self.step if self._fruitless() < MAX_SEARCHES else None

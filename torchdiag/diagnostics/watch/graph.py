@@ -12,8 +12,14 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 
 
 def loss_faults(fn) -> list[tuple]:
-    """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both)] found near `fn`:
+    """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
+    ("dim", loss, size normalised over, classes) | ("sigmoid", loss)] found near `fn`:
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
+    - nll_loss given a log_softmax over a dimension of another size than its classes' (log_softmax(logits, dim=0)
+      on (N, C): each sample's log-probabilities normalised over the batch; a sweep's run fell to 3.23, above
+      chance, and passed);
+    - binary_cross_entropy_with_logits given a sigmoid's output (a sigmoid ending the model: the loss applies its
+      own, so its floor is far above 0; a sweep: 0.54 against 0.11, passed);
     - an elementwise loss whose input was grown by broadcasting against a target grown too ((N, 1) against (N,))."""
     found: list[tuple] = []
     seen: set[int] = set()
@@ -31,6 +37,12 @@ def loss_faults(fn) -> list[tuple]:
             found.append(("probs", "cross_entropy", _classes(source), True, _smoothing(node, parents, _classes(source))))
         elif kind.startswith("NllLoss") and _softmax(source):
             found.append(("probs", "nll_loss", _classes(source), False))
+        elif kind.startswith("NllLoss") and type(source).__name__ == "LogSoftmaxBackward0":
+            over, classes = _classes(source), _class_size(node)
+            if over and classes and over != classes:   # cross_entropy's own log_softmax is over its classes
+                found.append(("dim", "nll_loss", over, classes))
+        elif kind == "BinaryCrossEntropyWithLogitsBackward0" and type(source).__name__ == "SigmoidBackward0":
+            found.append(("sigmoid", "binary_cross_entropy_with_logits"))
         elif kind in ELEMENTWISE and type(first).__name__ == "ExpandBackward0":
             grown = _broadcast(node, first)
             if grown is not None:
@@ -88,6 +100,12 @@ def _classes(node) -> int:
     if dim >= 2 ** 63:
         dim -= 2 ** 64
     return int(shape[dim]) if shape and -len(shape) <= dim < len(shape) else 0
+
+
+def _class_size(nll) -> int:
+    """nll_loss's number of classes: its input's dimension 1 ((N, C), (N, C, d1, ...)), or 0 of an unbatched (C,)."""
+    shape = nll._saved_self.shape
+    return int(shape[1] if len(shape) >= 2 else shape[0]) if len(shape) else 0
 
 
 def _broadcast(node, expand):

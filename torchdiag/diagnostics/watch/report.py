@@ -506,6 +506,11 @@ def _starved_why(engine, t) -> tuple[str, str]:
         return ("; no model called in the run holds them", "build the optimizer from the model you train, after it "
                 "is final: after .to() when it makes new parameters, and not over a model made again since")
     gave = t.backward_gave
+    # zero_grad(), step(), backward() in that order (a sweep: told to move zero_grad(), which came first already)
+    if gave and t.first_before_backward:
+        return ("; a backward gave them gradients, and they were gone by the step: its first step came before any "
+                "backward", "call optimizer.step() after loss.backward(), not before it: a zero_grad() before the "
+                "next step clears what each backward gave")
     if gave:
         return ("; a backward gave them gradients, and they were gone by the step",
                 "call optimizer.zero_grad() before loss.backward() (or at the loop's start), not between backward() "
@@ -761,6 +766,8 @@ def _probabilities(result: Result, engine) -> None:
     """A class loss module that got probabilities (engine._look_at_loss_input): a softmax before CrossEntropyLoss,
     which applies log_softmax itself, so the loss cannot fall below log(1 + (C − 1)/e); NLLLoss wants their log."""
     _broadcast(result, engine)
+    _wrong_dim(result, engine)
+    _sigmoid_into_logits(result, engine)
     got = engine.checks.get("probs_into_loss")
     if not got:
         return
@@ -781,6 +788,29 @@ def _probabilities(result: Result, engine) -> None:
         result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
                    "classes (probabilities, or logits): it takes log-probabilities, which are ≤ 0",
                    "apply log_softmax, not softmax, before NLLLoss (or give the logits to CrossEntropyLoss)")
+
+
+def _wrong_dim(result: Result, engine) -> None:
+    got = engine.checks.get("loss_dim")
+    if got:
+        step, loss, over, classes = got
+        result.add("log-softmax-dim", "warning", "", f"{loss} got a log_softmax taken over a dimension of {over} at step "
+                   f"{step}, where its classes are {classes}: each sample's log-probabilities are normalised over "
+                   "something else than its classes (the batch, at dim=0)",
+                   "take log_softmax over the classes: dim=1 for (N, C) logits, dim=-1 for (..., C); or give the "
+                   "logits to cross_entropy")
+
+
+def _sigmoid_into_logits(result: Result, engine) -> None:
+    got = engine.checks.get("sigmoid_into_loss")
+    if got:
+        step, loss = got
+        result.add("probabilities-into-loss", "warning", "", f"{loss} got a sigmoid's output at step {step}: it applies "
+                   "the sigmoid itself, so its inputs stay in (0, 1) and the loss cannot fall below softplus(−1) = "
+                   f"{math.log1p(math.exp(-1)):.4f} for a label of 1, ln 2 = {math.log(2):.4f} for a label of 0 "
+                   "(without weights)",
+                   "return the logits (drop the sigmoid at the end of the model); apply the sigmoid only for "
+                   "predictions, or give the probabilities to binary_cross_entropy")
 
 
 def _broadcast(result: Result, engine) -> None:
@@ -815,18 +845,19 @@ def _curves(result: Result, engine) -> None:
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
                         engine.small_batches, engine.batch_size)
-            _lr_collapse(result, part, lr_at, of)
+            _lr_collapse(result, part, lr_at, of, engine.schedulers.each_step)
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
                              engine.clips.seen, of)
     _validation(result, engine, pairs)
 
 
-def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
+def _lr_collapse(result: Result, pairs, lr_at: dict, of: str, each_step=lambda first, last: False) -> None:
     """The rate fell under LR_COLLAPSE of its highest in the first half of the run and stayed there to the end, and
     the loss did not fall 5% after it: the rest of the run trained nothing (a sweep: StepLR(gamma=0.9) stepped per
     batch took 0.05 to 4e-14 and the loss froze at 1.54, 0.72 accuracy against 0.95; watch said pass). A schedule
     that decays to 0 reaches that only near its end (a linear decay at 99.9%, OneCycle's floor 4e-6 at its end);
-    warm restarts come back up."""
+    warm restarts come back up. `each_step(first, last)`: a scheduler was stepped after (nearly) every step from
+    first to last (schedulers.SchedulerCalls)."""
     known: list[tuple[int, float]] = [(s, float(lr_at[s])) for s, _ in pairs if lr_at.get(s) is not None]
     top = max((v for _, v in known), default=0.0)
     if len(known) < 10 or top <= 0:
@@ -848,11 +879,17 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
         j = next(j for j, (s, _) in enumerate(pairs) if s >= first_cut)   # steps before it) to the collapse
         return j > 1 and _fell(values[max(j // 2, j - w):j], values[max(j, i - w):i + 1])
 
-    if _fell(values[i:i + w], values[-w:]) or not _decays_per_step(known, k, learning):
+    if _fell(values[i:i + w], values[-w:]):
+        return
+    # a scheduler stepped after every step to the collapse counts batches, whatever its cuts look like (StepLR(30,
+    # 0.1) stepped per batch: the cuts held the loss flat from the first on, so `learning` could not see it)
+    stepped = each_step(known[0][0], step)
+    if not stepped and not _decays_per_step(known, k, learning):
         return
     result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "
                f"{step}, {100 * k // len(known)}% into the run, and stayed under {LR_COLLAPSE:g}× its highest to the "
                f"end; the loss went from {before:.4g} to {end:.4g} over the rest{of}",
+               ("a scheduler was stepped after every optimizer step: " if stepped else "") +
                "a scheduler stepped per batch where it was meant per epoch (StepLR and ExponentialLR count their own "
                "step() calls), or a gamma or milestones far too small")
 

@@ -55,6 +55,7 @@ class Track:
         self.idle_reads = 0            # parameters (optimizer-idle)
         self.peak_since = 0            # the most steps it took between two of the clock's (report._clock_note)
         self.backward_gave: bool | None = None   # starved at its first steps: did the next backward give them one?
+        self.first_before_backward = False   # its first step came before any backward of the run (step, then backward)
         self.last_fed = None           # the last step its gradients' total norm was not 0 (read at reads), and the
         self.unfed_after = 0           # steps it took since with no gradient at all (None or exactly 0)
         self._reached: set | None = None    # id() of the parameters a backward reached, while the hooks are armed

@@ -1,0 +1,68 @@
+"""At which of the clock's steps the run stepped a learning-rate scheduler of a watched optimizer. A scheduler stepped
+after every optimizer step counts batches: StepLR(30, 0.1) meant per epoch and stepped per batch cuts the rate
+1000-fold by step 90 (a review: an MLP still learning froze at a loss of 0.55 against 0.19 without it, and watch said
+nothing, since the cuts themselves held the loss flat from the first one on). While watching, LRScheduler.step is
+wrapped (ReduceLROnPlateau's own step is not: it cuts on a metric, whenever). Nothing is read from a device."""
+from __future__ import annotations
+
+import functools
+import weakref
+
+from .clip import _ORIGINAL, _OWNER, _live  # the same marks on a wrapper as clip's
+
+MAX_RUNS = 10_000                   # runs of consecutive steps kept (a scheduler stepped per epoch: one run an epoch)
+EACH_STEP = 0.9                     # a scheduler called at this share of the steps or more counts batches
+
+
+class SchedulerCalls:
+    def __init__(self, engine):
+        self._engine = weakref.ref(engine)
+        self._closed = False
+        self._wrapper = None
+        self.runs: list[list[int]] = []   # [first, last]: clock steps each followed by a scheduler call
+
+    def attach(self) -> None:
+        from torch.optim.lr_scheduler import LRScheduler
+
+        ref, original = weakref.ref(self), LRScheduler.step
+
+        @functools.wraps(original)
+        def step(scheduler, *args, **kwargs):
+            me = ref()
+            if me is not None and not me._closed:
+                me._saw(scheduler)
+            return original(scheduler, *args, **kwargs)
+
+        setattr(step, _ORIGINAL, original)
+        setattr(step, _OWNER, ref)
+        LRScheduler.step = step   # type: ignore[method-assign,assignment]
+        self._wrapper = step
+
+    def _saw(self, scheduler) -> None:
+        """A call after the clock's step `engine.step` (its first, at construction, comes before any: not counted)."""
+        engine = self._engine()
+        if engine is None or engine.closed or engine.step == 0:
+            return
+        if id(getattr(scheduler, "optimizer", None)) not in engine.tracks:
+            return
+        s = engine.step
+        if self.runs and self.runs[-1][1] >= s - 1:
+            self.runs[-1][1] = s
+        elif len(self.runs) < MAX_RUNS:
+            self.runs.append([s, s])
+
+    def each_step(self, first: int, last: int) -> bool:
+        """Was a scheduler stepped after (nearly) every clock step from `first` to `last`?"""
+        covered = sum(max(0, min(b, last) - max(a, first) + 1) for a, b in self.runs)
+        return last >= first and covered >= EACH_STEP * (last - first + 1)
+
+    def close(self) -> None:
+        """Put LRScheduler.step back where this wrapper is still the one installed, past any wrapper of a watch closed
+        before it; one installed over it later unwraps it when it closes."""
+        from torch.optim.lr_scheduler import LRScheduler
+
+        self._closed = True
+        if self._wrapper is not None and LRScheduler.__dict__.get("step") is self._wrapper:
+            LRScheduler.step = _live(getattr(self._wrapper, _ORIGINAL))   # type: ignore[method-assign]
+        self._wrapper = None
+
