@@ -535,7 +535,9 @@ def test_sharded_index_on_meta(tmp_path, cli):
 
 @pytest.mark.parametrize("name, content, words", [
     ("missing.pt", None, "checkpoint not found"),
-    ("junk.pt", b"not a torch file", "cannot read"),
+    # a sweep: torch's own words pointed at weights_only=False, which reads neither
+    ("junk.pt", b"not a torch file", "cannot read {}: not a file written by torch.save (it begins with neither"),
+    ("renamed.pt", "safetensors", "cannot read {}: it is a safetensors file, not one written by torch.save"),
     ("w.npz", b"x", "unknown kind of file"),
     ("junk.safetensors", b"\x01", "not a safetensors file"),
     ("list.pt", "list", "holds no state dict"),
@@ -544,12 +546,16 @@ def test_bad_files_are_one_line_exit_2(spec, tmp_path, cli, name, content, words
     path = tmp_path / name
     if content == "list":
         torch.save([1, 2], path)
+    elif content == "safetensors":
+        from safetensors.torch import save_file
+        save_file({"w": torch.zeros(2)}, str(path))
     elif content is not None:
         path.write_bytes(content)
     r = cli("summary", spec, "--checkpoint", path)
     assert r.code == 2, r.stderr
     one_error_line(r)
-    assert words in r.stderr
+    assert words.format(path) in r.stderr, r.stderr
+    assert "weights_only" not in r.stderr
 
 
 def test_every_model_command_has_the_options():

@@ -540,6 +540,22 @@ def test_merge_tags_ranks_and_takes_the_worst_code():
     assert [r["rank"] for r in merged.to_dict()["ranks"]] == [0, 1, 2]
 
 
+def test_merge_says_ranks_that_failed_alike_once():
+    """A sweep: watch under torchrun refused FSDP2 on both ranks: two rank-failed errors with one message, and a
+    verdict that both ranks "did not finish", where both scripts had run to their end."""
+    from torchdiag.runner.merge import finish, merge, record
+
+    refusal = {"message": "watch: an optimizer over fully_shard (FSDP2) sharded parameters is not watched",
+               "hint": "watch the run under DDP"}
+    records = [record(0, "cpu", 2, None, dict(refusal)), record(1, "cpu", 2, None, dict(refusal)),
+               record(2, "cpu", 3, None, {"message": "boom", "hint": None})]
+    merged = merge(records, None, "watch")
+    finish(merged, records)
+    failed = [(f.ranks, f.message, f.hint) for f in merged.findings if f.code == "rank-failed"]
+    assert failed == [([0, 1], f"[ranks 0,1] {refusal['message']}", refusal["hint"]), ([2], "[rank 2] boom", None)]
+    assert merged.verdict.startswith("FAIL: rank(s) 0, 1, 2 ended with an error")
+
+
 def test_merge_one_finding_when_ranks_differ_only_in_numbers():
     from torchdiag.results import Result
     from torchdiag.runner.merge import merge, record

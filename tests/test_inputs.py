@@ -553,3 +553,12 @@ def test_ids_read_by_a_table_per_column_fit_the_smallest_table():
 
     inputs = ModelInputs((torch.zeros(16, 4, dtype=torch.long), torch.randn(16, 6)), {})
     assert embedding_consumers(TablePerColumn(), inputs, ["input[0]"]) == {"input[0]": ("embs.2", 3)}
+
+
+def test_inputs_joined_by_a_comma_are_told_to_take_one_option_each():
+    """A sweep: `-i 1x10,1x7` was told only that dimensions are integers joined by 'x'."""
+    from torchdiag.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        parse_input_spec("1x10,1x7:int64")
+    assert e.value.hint == "give each input its own -i: -i 1x10 -i 1x7:int64"

@@ -406,3 +406,14 @@ def test_a_loop_of_links_is_refused_and_dev_null_is_written(cli, tmp_path, monke
     r = cli(*args, os.devnull)
     assert r.code in (0, 1) and "error:" not in r.stderr, r.stderr      # overfit-batch at 2 steps may fail its check
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_a_folder_option_given_a_fifo_says_what_it_is(tmp_path):
+    """A sweep: `--tb FIFO` said "is a file, not a folder"."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match=r"--tb .*pipe: is not a folder \(a FIFO, socket or device\)$"):
+        check_dir(fifo, "--tb")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        check_dir(tmp_path / "f", "--tb")

@@ -1193,6 +1193,21 @@ def test_without_steps_a_run_still_falling_at_the_budget_is_extended_and_its_cur
     assert "extended" not in dict(long.summary)["Steps"] and "extended" not in long.header["training"]
 
 
+def test_under_a_wrapper_the_default_budget_is_not_extended_and_the_warning_says_why(monkeypatch):
+    """A sweep: a healthy model passed at step 789 in one process (the budget extended) and was NOT YET at 500 under
+    torchrun with --wrap ddp, where the budget is never extended (each rank's curve is its own rows'); the warning
+    read as if it could have been. The agreement across ranks is stood in for by one rank's own flags."""
+    from torchdiag.diagnostics.overfit_batch import loop
+
+    monkeypatch.setattr(loop, "_agreement", lambda ctx, group: lambda flags: flags)
+    model, x, y = _slow_regression()                # at lr 1e-3: ~1500 steps, beyond the default 500
+    r = overfit(model, x, loss="mse", target=y, lr=1e-3)
+    assert r.data["steps"] == 500 and r.data["step_budget"] == 500 and r.verdict.startswith("NOT YET")
+    f = finding(r, "not-overfit-yet")
+    assert "the budget of 500 step(s) (not extended under torchrun with --wrap: each rank's curve is its own rows') " \
+        "ends" in f.message, f.message
+
+
 def test_a_given_steps_is_a_hard_budget_and_still_falling_at_its_end_is_not_yet_a_warning():
     model, x, y = _slow_regression()
     r = overfit(model, x, loss="mse", target=y, lr=1e-2, steps=40)   # passes at ~150 steps (test above × 10)

@@ -31,6 +31,20 @@ def test_a_missing_file_and_a_misspelt_factory_are_refused_with_the_loaders_word
     assert e.value.hint == "did you mean build?"
 
 
+def test_a_module_the_file_imports_is_no_factory_to_suggest(tmp_path):
+    """A sweep: `models.py:nosuch` was answered "did you mean torch, noisy?": torch is the module the file imports.
+    A name imported from a module (a factory) is still suggested."""
+    path = write(tmp_path, """
+        import torch
+        import torch.nn as nn
+        from helpers import noisy_builder
+        def noisy(): return nn.Linear(2, 2)
+    """)
+    with pytest.raises(UsageError, match="has no factory named 'nosuch'") as e:
+        precheck(f"{path}:nosuch")
+    assert "torch" not in e.value.hint and "nn" not in e.value.hint.split() and "noisy" in e.value.hint
+
+
 @pytest.mark.parametrize("body", [
     "def build(): pass",
     "class build: pass",

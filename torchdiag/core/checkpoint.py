@@ -264,9 +264,12 @@ def _weights_only(path: str, where: dict):
         found = unsafe_globals(path)
         if found:
             raise _hostile_refusal(path, found) or _refusal(path, f"it stores {', '.join(found[:3])}") from exc
-        # no importable object in the stream: a damaged or foreign file, not a dangerous one
-        raise UsageError(f"cannot read {path}: {one_line(exc, 120)}",
-                         hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+        # no importable object in the stream: a damaged or foreign file, not a dangerous one. torch's own words
+        # point at weights_only=False, which would not read a file that is no pickle at all (a sweep)
+        foreign = _foreign(path)
+        raise UsageError(f"cannot read {path}: " + (foreign or one_line(exc, 120)),
+                         hint="rename it to .safetensors" if foreign and "safetensors" in foreign else
+                         "torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
     except Exception as exc:  # not a torch file, truncated, ...
         raise UsageError(f"cannot read {path}: {one_line(exc)}",
                          hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
@@ -289,6 +292,21 @@ def _hostile_refusal(path: str, names: list[str]) -> UsageError | None:
     return _refusal(path, f"it would call {', '.join(hostile[:3])}",
                     hint=f"no checkpoint needs to call {hostile[0]}: do not open this file with "
                          "torch.load(weights_only=False); ask its author for .safetensors or a saved state_dict")
+
+
+def _foreign(path: str) -> str | None:
+    """What a file torch.load could not read is, where its first bytes say it is not torch.save's: neither a zip
+    nor a pickle (protocol 2+ opens with 0x80). A safetensors file opens with its header's length, then '{'."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return None
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return None
+    if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path):
+        return "it is a safetensors file, not one written by torch.save"
+    return "not a file written by torch.save (it begins with neither a zip nor a pickle header)"
 
 
 def _is_zip(path: str) -> bool:

@@ -50,8 +50,11 @@ def parse_input_spec(text: str) -> InputSpec:
     try:
         shape = tuple(int(d) for d in dims)
     except ValueError:
+        several = "," in m.group("shape")   # one -i per input (a sweep wrote -i 1x10,1x7)
         raise UsageError(f"bad input shape '{m.group('shape')}' in '{text}'",
-                         hint="dimensions are positive integers joined by 'x', e.g. 8x3x32x32") from None
+                         hint="give each input its own -i: " + " ".join(f"-i {part}" for part in text.split(","))
+                         if several else
+                         "dimensions are positive integers joined by 'x', e.g. 8x3x32x32") from None
     if any(d <= 0 for d in shape):
         raise UsageError(f"bad input shape '{m.group('shape')}': every dimension must be ≥ 1")
     dtype = m.group("dtype") or "float32"

@@ -255,7 +255,9 @@ def check_dir(path, option: str) -> Path | None:
         return None
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"{option} {path}: is a file, not a folder", hint="give a folder name")
+        what = "a file" if path.is_file() else "not a folder (a FIFO, socket or device)"
+        raise UsageError(f"{option} {path}: is {what}" + (", not a folder" if path.is_file() else ""),
+                         hint="give a folder name")
     probe = path
     while not probe.exists():
         probe = probe.parent if probe.parent != probe else probe

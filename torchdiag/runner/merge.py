@@ -28,10 +28,14 @@ def merge(records: list[dict], base: Result | None, command: str, unwrap: str = 
     if unwrap:
         for f in merged.findings:
             _unwrap(f, unwrap)
+    # ranks that failed alike are said once, with their ranks (a sweep: FSDP2's refusal under watch, twice)
+    alike: dict[tuple, list[int]] = {}
     for r in records:
         if r["error"]:
-            merged.add("rank-failed", "error", "", f"[rank {r['rank']}] {r['error']['message']}", r["error"].get("hint"))
-            merged.findings[-1].ranks = [r["rank"]]
+            alike.setdefault((r["error"]["message"], r["error"].get("hint")), []).append(r["rank"])
+    for (message, hint), ranks in alike.items():
+        merged.add("rank-failed", "error", "", f"[{tag(ranks)}] {message}", hint)
+        merged.findings[-1].ranks = ranks
     merged.data["world_size"] = len(records)
     merged.tables.insert(0, rank_table(records))
     worst = max(r["exit_code"] for r in records)
@@ -69,7 +73,8 @@ def finish(merged: Result, records: list[dict]) -> None:
     _verdict(merged, records)
     failed = [str(r["rank"]) for r in records if r["error"]]
     if failed:
-        merged.verdict = f"FAIL: rank(s) {', '.join(failed)} did not finish" + (f"; {merged.verdict}" if merged.verdict else "")
+        # "ended with an error", not "did not finish": a script's run can end before its report is refused
+        merged.verdict = f"FAIL: rank(s) {', '.join(failed)} ended with an error" + (f"; {merged.verdict}" if merged.verdict else "")
 
 
 def _verdict(merged: Result, records: list[dict]) -> None:

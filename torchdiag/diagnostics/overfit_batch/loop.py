@@ -70,6 +70,7 @@ class Curve:
     budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
     levelled: bool = False                  # the trend was seen levelling off at an extension (the run looked again)
     cap: int | None = None                  # the step cap the last extension used (cost.fast_cap)
+    wrapped: bool = False                   # a default budget not extended: under torchrun with --wrap
     first_terms: list | None = None         # auto over several outputs: [(label, value)] of each term at step 0
     last_terms: list | None = None          # and of the last evaluation, on the device until the verdict reads them
     term_steps: list = field(default_factory=list)   # (step, labels, the terms stacked on the device): read once,
@@ -265,6 +266,7 @@ class Trainer:
         after at most the cap's steps."""
         c, opts = self.curve, self.opts
         if self.agree is not None or opts.steps is not None:
+            c.wrapped = opts.steps is None   # said by the verdict: it could have run on in one process
             return False
         cap = self._cap()
         if c.budget >= cap or self._at_made_floor(out):

@@ -1008,6 +1008,8 @@ def _not_yet(result, curve, opts, ctx, trend: Trend, second) -> None:
     total = steps + int(trend.to_go or 0)
     suggest = _round_up(int(total * 1.25))
     extended = f" (extended from {opts.budget})" if curve.budget > opts.budget else ""
+    if curve.wrapped:   # a sweep: a healthy model passed at step 789 in one process, NOT YET at 500 under DDP
+        extended = " (not extended under torchrun with --wrap: each rank's curve is its own rows')"
     message = (f"the loss is still falling when the budget of {curve.budget} step(s){extended} ends: "
                f"{_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])}; at its recent trend the target is about "
                f"{trend.to_go} more step(s) away (≈{total} in all)")
