@@ -1917,6 +1917,16 @@ class Engine:
                 if model in self._untrained_eval:
                     self.checks.setdefault("model_in_eval", {})[model] = True
 
+    def clock_at(self, step: int) -> int | None:
+        """id() of the track whose optimizer was the clock at `step` (the handovers' order), else the clock's now."""
+        key = None
+        for first, new, old, _ in self.handovers:
+            if first > step:
+                return old if key is None else key
+            key = new
+        held = self.tracks.get(id(self.clock)) if self.clock is not None else None
+        return key if key is not None else (id(held) if held is not None else None)
+
     def set_epoch(self, epoch) -> None:
         if epoch != self.epoch:
             self.epochs.append((self.step, epoch))

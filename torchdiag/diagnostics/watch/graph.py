@@ -13,7 +13,7 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 
 def loss_faults(fn) -> list[tuple]:
     """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
-    ("dim", loss, size normalised over, classes) | ("sigmoid", loss)] found near `fn`:
+    ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss)] found near `fn`:
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
     - nll_loss given a log_softmax over a dimension of another size than its classes' (log_softmax(logits, dim=0)
       on (N, C): each sample's log-probabilities normalised over the batch; a sweep's run fell to 3.23, above
@@ -40,7 +40,7 @@ def loss_faults(fn) -> list[tuple]:
         elif kind.startswith("NllLoss") and type(source).__name__ == "LogSoftmaxBackward0":
             over, classes = _classes(source), _class_size(node)
             if over and classes and over != classes:   # cross_entropy's own log_softmax is over its classes
-                found.append(("dim", "nll_loss", over, classes))
+                found.append(("dim", "nll_loss", over, classes, int(node._saved_self.shape[0])))
         elif kind == "BinaryCrossEntropyWithLogitsBackward0" and type(source).__name__ == "SigmoidBackward0":
             found.append(("sigmoid", "binary_cross_entropy_with_logits"))
         elif kind in ELEMENTWISE and type(first).__name__ == "ExpandBackward0":

@@ -45,6 +45,7 @@ VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many afte
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 STEPPED_GAP = 4        # ... and the most steps between its changes of a scheduler that counts batches
+ONE_BATCH = 1e-3       # ... under this spread of the log-loss from step to step, every step saw the same batch
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
@@ -506,11 +507,12 @@ def _starved_why(engine, t) -> tuple[str, str]:
         return ("; no model called in the run holds them", "build the optimizer from the model you train, after it "
                 "is final: after .to() when it makes new parameters, and not over a model made again since")
     gave = t.backward_gave
-    # zero_grad(), step(), backward() in that order (a sweep: told to move zero_grad(), which came first already)
+    # zero_grad(), step(), backward() (a sweep: told to move zero_grad(), which came first already) gives the same
+    # calls as a first step before the loop, then backward(), zero_grad(), step() (a review): both are said
     if gave and t.first_before_backward:
         return ("; a backward gave them gradients, and they were gone by the step: its first step came before any "
-                "backward", "call optimizer.step() after loss.backward(), not before it: a zero_grad() before the "
-                "next step clears what each backward gave")
+                "backward", "call optimizer.step() after loss.backward() with no zero_grad() between them: a step "
+                "before the backward, or a zero_grad() between backward() and step(), clears what each backward gave")
     if gave:
         return ("; a backward gave them gradients, and they were gone by the step",
                 "call optimizer.zero_grad() before loss.backward() (or at the loop's start), not between backward() "
@@ -793,10 +795,10 @@ def _probabilities(result: Result, engine) -> None:
 def _wrong_dim(result: Result, engine) -> None:
     got = engine.checks.get("loss_dim")
     if got:
-        step, loss, over, classes = got
+        step, loss, over, classes, batch = got
         result.add("log-softmax-dim", "warning", "", f"{loss} got a log_softmax taken over a dimension of {over} at step "
                    f"{step}, where its classes are {classes}: each sample's log-probabilities are normalised over "
-                   "something else than its classes (the batch, at dim=0)",
+                   "something else than its classes" + (" (the batch, at dim=0)" if over == batch else ""),
                    "take log_softmax over the classes: dim=1 for (N, C) logits, dim=-1 for (..., C); or give the "
                    "logits to cross_entropy")
 
@@ -845,7 +847,8 @@ def _curves(result: Result, engine) -> None:
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
                         engine.small_batches, engine.batch_size)
-            _lr_collapse(result, part, lr_at, of, engine.schedulers.each_step)
+            _lr_collapse(result, part, lr_at, of,
+                         lambda first, last: engine.schedulers.each_step(first, last, engine.clock_at(last)))
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
                              engine.clips.seen, of)
     _validation(result, engine, pairs)
@@ -882,8 +885,10 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str, each_step=lambda f
     if _fell(values[i:i + w], values[-w:]):
         return
     # a scheduler stepped after every step to the collapse counts batches, whatever its cuts look like (StepLR(30,
-    # 0.1) stepped per batch: the cuts held the loss flat from the first on, so `learning` could not see it)
-    stepped = each_step(known[0][0], step)
+    # 0.1) stepped per batch: the cuts held the loss flat from the first on, so `learning` could not see it), where
+    # the steps' batches differ: a loss without noise from step to step is one batch an epoch (full-batch training,
+    # where per epoch is per step: a review's regression at its optimum was called collapsed)
+    stepped = each_step(known[0][0], step) and _step_noise([math.log(v) for v in values if v > 0], w) > ONE_BATCH
     if not stepped and not _decays_per_step(known, k, learning):
         return
     result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "

@@ -19,7 +19,8 @@ class SchedulerCalls:
         self._engine = weakref.ref(engine)
         self._closed = False
         self._wrapper = None
-        self.runs: list[list[int]] = []   # [first, last]: clock steps each followed by a scheduler call
+        # id(track) -> [first, last] runs of clock steps each followed by a call of a scheduler of its optimizer
+        self.runs: dict[int, list[list[int]]] = {}
 
     def attach(self) -> None:
         from torch.optim.lr_scheduler import LRScheduler
@@ -43,17 +44,20 @@ class SchedulerCalls:
         engine = self._engine()
         if engine is None or engine.closed or engine.step == 0:
             return
-        if id(getattr(scheduler, "optimizer", None)) not in engine.tracks:
+        track = engine.tracks.get(id(getattr(scheduler, "optimizer", None)))
+        if track is None:
             return
-        s = engine.step
-        if self.runs and self.runs[-1][1] >= s - 1:
-            self.runs[-1][1] = s
-        elif len(self.runs) < MAX_RUNS:
-            self.runs.append([s, s])
+        s, runs = engine.step, self.runs.setdefault(id(track), [])
+        if runs and runs[-1][1] >= s - 1:
+            runs[-1][1] = s
+        elif len(runs) < MAX_RUNS:
+            runs.append([s, s])
 
-    def each_step(self, first: int, last: int) -> bool:
-        """Was a scheduler stepped after (nearly) every clock step from `first` to `last`?"""
-        covered = sum(max(0, min(b, last) - max(a, first) + 1) for a, b in self.runs)
+    def each_step(self, first: int, last: int, track: int | None) -> bool:
+        """Was a scheduler of the optimizer of `track` (an id) stepped after (nearly) every clock step from `first` to
+        `last`? Another optimizer's warm-up stepped per batch says nothing of this one's (a review)."""
+        runs = self.runs.get(track, []) if track is not None else []
+        covered = sum(max(0, min(b, last) - max(a, first) + 1) for a, b in runs)
         return last >= first and covered >= EACH_STEP * (last - first + 1)
 
     def close(self) -> None:
