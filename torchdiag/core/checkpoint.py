@@ -62,6 +62,7 @@ class Report:
     header_only: bool = False
     tied: list[tuple[str, str]] = field(default_factory=list)   # (kept, dropped): one tensor in the model, two in the file
     cast: dict[str, int] = field(default_factory=dict)          # "bfloat16 → float32": tensors the copy cast
+    converted: bool = False    # read by transformers' loader into its in-memory layout (transformers_layout)
 
     @property
     def fits(self) -> bool:
@@ -75,6 +76,8 @@ class Report:
             parts.append(f"prefix '{self.added}' added (the file holds the model's {self.added.rstrip('.')})")
         if self.header_only:
             parts.append("header only (meta: shapes and dtypes, no data read)")
+        if self.converted:
+            parts.append("converted by transformers' own loader to the layout the model keeps in memory")
         parts += [f"{n} cast {how}" for how, n in self.cast.items()]
         if not self.fits:   # a few names each: every key is a finding of its own (add_findings), and a wrong
             parts.append(self.mismatch_summary(limit=3))   # checkpoint's hundreds flooded the header (a review)
@@ -306,7 +309,9 @@ def _foreign(path: str) -> str | None:
         return None
     if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path):
         return "it is a safetensors file, not one written by torch.save"
-    return "not a file written by torch.save (it begins with neither a zip nor a pickle header)"
+    # a pickle of protocol 0 or 1 (torch.save(..., pickle_protocol=1)) opens otherwise too: weights_only reads neither
+    return ("it begins with neither a zip nor a pickle protocol 2+ header: another kind of file, or a pickle too old "
+            "for torch.load(weights_only=True)")
 
 
 def _is_zip(path: str) -> bool:
@@ -578,20 +583,13 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     state, stripped = strip_prefix(state, set(ours))
     state, added = add_prefix(state, set(ours)) if not stripped else (state, "")
     report = Report(path, stripped=stripped, added=added, header_only=header_only)
-    fitting = {}
     meta = device is not None and device.type == "meta"
-    for key, t in state.items():
-        if key not in ours:
-            report.unexpected.append(key)
-        elif key.endswith(EXTRA_STATE) and not hasattr(ours[key], "shape"):
-            fitting[key] = t   # get_extra_state()'s own value: the module's set_extra_state takes it
-        elif is_uninitialised(ours[key]) and hasattr(t, "shape"):
-            fitting[key] = t   # a lazy module's: torch's load hook gives it the checkpoint's shape (a review: exit 4)
-        elif not hasattr(t, "shape") or tuple(t.shape) != tuple(ours[key].shape):
-            report.mismatched.append((key, tuple(getattr(t, "shape", ())), tuple(ours[key].shape)))
-        else:
-            fitting[key] = _cast_on_meta(t, ours[key]) if meta else t
-    report.missing = [k for k in _missing(ours, state, fitting) if k not in _counts_torch_fills(model)]
+    fitting = _sort(model, state, ours, report, meta)
+    if not report.fits and not header_only:
+        layout = transformers_layout(model, path)
+        if layout is not None:
+            report = Report(path, header_only=header_only, converted=True)
+            fitting = _sort(model, layout, ours, report, meta)
     if strict and not report.fits:
         raise UsageError(f"checkpoint {path} does not fit the model: "
                          + (f"with the prefix '{added}' added to its keys, " if added else "")
@@ -609,6 +607,56 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
         report.tied = _tied_apart(ours, fitting)
         report.cast = _casts(ours, fitting)
     return report
+
+
+def _sort(model, state: dict, ours: dict, report: Report, meta: bool) -> dict:
+    """The file's tensors that fit the model; the report gets the keys that do not."""
+    fitting = {}
+    for key, t in state.items():
+        if key not in ours:
+            report.unexpected.append(key)
+        elif key.endswith(EXTRA_STATE) and not hasattr(ours[key], "shape"):
+            fitting[key] = t   # get_extra_state()'s own value: the module's set_extra_state takes it
+        elif is_uninitialised(ours[key]) and hasattr(t, "shape"):
+            fitting[key] = t   # a lazy module's: torch's load hook gives it the checkpoint's shape (a review: exit 4)
+        elif not hasattr(t, "shape") or tuple(t.shape) != tuple(ours[key].shape):
+            report.mismatched.append((key, tuple(getattr(t, "shape", ())), tuple(ours[key].shape)))
+        else:
+            fitting[key] = _cast_on_meta(t, ours[key]) if meta else t
+    report.missing = [k for k in _missing(ours, state, fitting) if k not in _counts_torch_fills(model)]
+    return fitting
+
+
+def transformers_layout(model, path: str) -> dict | None:
+    """The file's weights in the layout a transformers model keeps in memory, read by transformers' own loader, or
+    None. transformers >= 5 fuses some on loading (a MoE's experts into one tensor, saved one per expert: every
+    Mixtral folder save_pretrained writes failed with 13 unexpected keys, a sweep). Safetensors only (no code runs),
+    and only when that loader found every key of the model and used every key of the folder."""
+    import sys
+
+    if not path.endswith(".safetensors") or "transformers" not in sys.modules:
+        return None
+    from transformers import PreTrainedModel
+    from transformers.utils import logging as hf_logging
+
+    if not isinstance(model, PreTrainedModel):
+        return None
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        twin, info = type(model).from_pretrained(os.path.dirname(os.path.abspath(path)), config=model.config,
+                                                 local_files_only=True, use_safetensors=True, trust_remote_code=False,
+                                                 output_loading_info=True)
+    except Exception:   # noqa: BLE001 - not its layout either: the keys that do not fit are said as they are
+        return None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+        return None
+    return twin.state_dict()
 
 
 def _tied_apart(ours: dict[str, Any], fitting: dict[str, Any]) -> list[tuple[str, str]]:
