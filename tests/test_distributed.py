@@ -548,12 +548,17 @@ def test_merge_says_ranks_that_failed_alike_once():
     refusal = {"message": "watch: an optimizer over fully_shard (FSDP2) sharded parameters is not watched",
                "hint": "watch the run under DDP"}
     records = [record(0, "cpu", 2, None, dict(refusal)), record(1, "cpu", 2, None, dict(refusal)),
-               record(2, "cpu", 3, None, {"message": "boom", "hint": None})]
+               record(2, "cpu", 3, None, {"message": "boom", "hint": None}),
+               # a review: each rank's shard in its words (5 rows over 3 ranks: 2, 2, 1)
+               record(3, "cpu", 3, None, {"message": "forward raised on input shapes (2x8)", "hint": None}),
+               record(4, "cpu", 3, None, {"message": "forward raised on input shapes (1x8)", "hint": None})]
     merged = merge(records, None, "watch")
     finish(merged, records)
     failed = [(f.ranks, f.message, f.hint) for f in merged.findings if f.code == "rank-failed"]
-    assert failed == [([0, 1], f"[ranks 0,1] {refusal['message']}", refusal["hint"]), ([2], "[rank 2] boom", None)]
-    assert merged.verdict.startswith("FAIL: rank(s) 0, 1, 2 ended with an error")
+    assert failed == [([0, 1], f"[ranks 0,1] {refusal['message']}", refusal["hint"]), ([2], "[rank 2] boom", None),
+                      ([3, 4], "[ranks 3,4] forward raised on input shapes (2x8) (rank 3's numbers; each rank's own in "
+                               "--json `ranks`)", None)]
+    assert merged.verdict.startswith("FAIL: rank(s) 0, 1, 2, 3, 4 ended with an error")
 
 
 def test_merge_one_finding_when_ranks_differ_only_in_numbers():

@@ -52,7 +52,7 @@ def parse_input_spec(text: str) -> InputSpec:
     except ValueError:
         several = "," in m.group("shape")   # one -i per input (a sweep wrote -i 1x10,1x7)
         raise UsageError(f"bad input shape '{m.group('shape')}' in '{text}'",
-                         hint="give each input its own -i: " + " ".join(f"-i {part}" for part in text.split(","))
+                         hint="give each input its own -i: " + " ".join(f"-i {part.strip()}" for part in text.split(","))
                          if several else
                          "dimensions are positive integers joined by 'x', e.g. 8x3x32x32") from None
     if any(d <= 0 for d in shape):

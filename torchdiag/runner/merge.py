@@ -2,6 +2,8 @@
 over ranks, each tagged with the ranks that had it; the exit code is the worst over ranks. Torch-free."""
 from __future__ import annotations
 
+import re
+
 from ..results import Column, Finding, Result, Table
 
 RANK_KEYS = ("rank", "batch_shard")          # per-rank header entries: in the ranks list, not the merged header
@@ -29,12 +31,18 @@ def merge(records: list[dict], base: Result | None, command: str, unwrap: str = 
         for f in merged.findings:
             _unwrap(f, unwrap)
     # ranks that failed alike are said once, with their ranks (a sweep: FSDP2's refusal under watch, twice)
-    alike: dict[tuple, list[int]] = {}
+    # (messages that differ only in their numbers, each rank's shard's shape, are alike: a review)
+    alike: dict[tuple, list[dict]] = {}
     for r in records:
         if r["error"]:
-            alike.setdefault((r["error"]["message"], r["error"].get("hint")), []).append(r["rank"])
-    for (message, hint), ranks in alike.items():
-        merged.add("rank-failed", "error", "", f"[{tag(ranks)}] {message}", hint)
+            key = (re.sub(r"\d+", "#", r["error"]["message"]), r["error"].get("hint"))
+            alike.setdefault(key, []).append(r)
+    for group in alike.values():
+        ranks, error = [r["rank"] for r in group], group[0]["error"]
+        numbers = len({r["error"]["message"] for r in group}) > 1
+        merged.add("rank-failed", "error", "", f"[{tag(ranks)}] {error['message']}"
+                   + (f" (rank {ranks[0]}'s numbers; each rank's own in --json `ranks`)" if numbers else ""),
+                   error.get("hint"))
         merged.findings[-1].ranks = ranks
     merged.data["world_size"] = len(records)
     merged.tables.insert(0, rank_table(records))
