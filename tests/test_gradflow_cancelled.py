@@ -236,7 +236,10 @@ def test_a_module_called_twice_is_cancelled_only_when_both_calls_cancel(twice_ca
     x, y = _batch()
     got = _cancellations(_Reused(twice_cancelled), x, ["gain.scale"])["gain.scale"]
     assert len(got.parts) == 2, got   # one reading per call
-    res = run("gradflow", _Reused(twice_cancelled), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    # SGD: under Adam the step moves the gain like the rest (`adaptive-step`, decided first), on some CPUs and not on
+    # others, its gradient's float32 rounding differing
+    res = run("gradflow", _Reused(twice_cancelled), (x,), target=y, loss=nn.functional.cross_entropy, strict=True,
+              optimizer="sgd", lr=0.1)
     row = _row(res, "gain.scale")
     assert row["grad_weight_ratio"] < 1e-7, row
     if twice_cancelled:
@@ -292,9 +295,11 @@ def test_calls_that_cancel_each_alone_or_all_together_are_cancelled(build, how):
     y = torch.randint(0, 4, (x.shape[0],), generator=g)
     got = _cancellations(build(), x, ["gain.scale"])["gain.scale"]
     assert len(got.parts) == 2 and got.cancelled(), got
-    # (the views under Adam: its step moves the gain like the rest, `adaptive-step`, decided before this is asked)
+    # (under Adam its step moves the gain like the rest, `adaptive-step`, decided before this is asked: the views on
+    # every CPU, the token on some, its gradient's float32 rounding differing; the cancellation itself is asked above)
     res = run("gradflow", build(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True, **how)
-    assert _row(res, "gain.scale")["status"] == "cancelled" and res.exit_code == 0, _row(res, "gain.scale")
+    said = ("cancelled",) if how else ("cancelled", "adaptive-step")
+    assert _row(res, "gain.scale")["status"] in said and res.exit_code == 0, _row(res, "gain.scale")
 
 
 class _CheckpointedGate(_Reused):
