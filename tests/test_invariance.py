@@ -1021,3 +1021,49 @@ def test_a_key_bias_in_a_block_the_copys_draw_skipped_is_asked_again_in_another_
     target = torch.randn(3, 5, 2, dtype=torch.float64)
     found = cancelled(work, ModelInputs((x,), {}, "test"), ["k.bias", "q.bias"], lambda y: (y - target).pow(2).mean(), ctx)
     assert found == {"k.bias"}
+
+
+class _LayerScaled(nn.Module):
+    """Blocks x + 1e-5 · relu(bn(fc(x))): each fc.bias is cancelled by its BatchNorm, and behind the 1e-5 layer scale
+    a unit shift of it moves too little to tell a dependence (each is asked at a larger shift). Counts its float64
+    forwards (the re-check's copy)."""
+
+    forwards = 0
+
+    def __init__(self, blocks: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fcs = nn.ModuleList(nn.Linear(8, 8) for _ in range(blocks))
+        self.bns = nn.ModuleList(nn.BatchNorm1d(8) for _ in range(blocks))
+        self.gamma = nn.Parameter(torch.full((blocks, 8), 1e-5))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            type(self).forwards += 1
+        for fc, bn, g in zip(self.fcs, self.bns, self.gamma):
+            x = x + g * torch.relu(bn(fc(x)))
+        return self.head(x)
+
+
+def test_many_cancelled_names_are_asked_together_not_one_forward_each():
+    """A sweep: timm efficientformerv2_s2's ~170 biases before BatchNorms behind 1e-5 layer scales were each asked at
+    a larger shift, one float64 forward of the whole model a name: gradflow took more than 10 minutes. Asked together
+    (a group whose loss stays is cancelled as a whole), the same verdicts take a few forwards."""
+    blocks = 40
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    _LayerScaled.forwards = 0
+    res = api_run("gradflow", _LayerScaled(blocks), (x,), loss="cross_entropy")
+    got = statuses(res)
+    assert all(got[f"fcs.{i}.bias"] == "invariant" for i in range(blocks)), got
+    assert _LayerScaled.forwards < blocks // 2, _LayerScaled.forwards
+    # truth apart from torchdiag: shifting every such bias in a float64 copy leaves the loss where it was
+    model = _LayerScaled(blocks).double().train()
+    xd = x.double()
+    y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = nn.functional.cross_entropy(model(xd), y)
+        for fc in model.fcs:
+            fc.bias.add_(torch.randn(8, dtype=torch.float64) * 1e3)
+        after = nn.functional.cross_entropy(model(xd), y)
+    assert abs(float(after - before)) <= 1e-12 * abs(float(before))

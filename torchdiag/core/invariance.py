@@ -6,7 +6,7 @@ rounding noise, and no optimizer step moves it, by design. Tested by behaviour o
 parameters are shifted by a random vector (one value per element, so a softmax's invariance to one constant
 added to every logit does not count) and the same seeded forward is run; when the loss does not move
 (relative change < 1e-9, far above float64 rounding), and would have under that shift (or one scaled up
-until it would: _stays), it does not depend on them. All names are shifted together first; a group that
+until it would: _scale), it does not depend on them. All names are shifted together first; a group that
 moves the loss is halved, so one real dependence among many cancelled parameters costs a few forwards, not
 the verdict of the rest."""
 from __future__ import annotations
@@ -25,7 +25,10 @@ LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run 
                            # tensors of its own: torchvision RAFT's coordinate grid); rounding is ~1e-7 there
 INVARIANT_GRAD_FACTOR = 1e-4   # a gradient below this × the largest of its module's other parameters': a candidate
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
-MAX_SCALE = 1e6      # a shift scaled up at most this much where a unit shift cannot tell (_stays)
+MAX_FORWARDS = 48    # whole-model forwards at most in one draw, bisect's included: the names not asked by then keep
+                     # their verdict (a sweep: timm efficientformerv2_s2's ~300 candidates behind 1e-5 layer scales
+                     # took gradflow past 10 minutes, one float64 forward per name)
+MAX_SCALE = 1e6      # a shift scaled up at most this much where a unit shift cannot tell (_scale)
 RESOLUTION = 0.1     # × rtol: a dependence below this fraction of what the shift does at its module is rounding
 CANCELS = 1e-6       # a strict name's slope below this × its bound: its gradient sums to nothing (_sums_to_nothing)
 
@@ -67,10 +70,11 @@ def double(t):
     return t.double() if t.is_floating_point() else t
 
 
-def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL, strict=()) -> set[str]:
+def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL, strict=(),
+              unasked: list | None = None) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
     move, though their own module's output moved enough to move it had nothing after it cancelled the move
-    (core/reach.py: a following normalisation or softmax removes the shift); see _stays. A parameter that
+    (core/reach.py: a following normalisation or softmax removes the shift); see _scale. A parameter that
     moves nothing (LayerNorm over one feature, a weight fed zeros) or moves only what no gradient reaches (the
     unused half of a bidirectional LSTM) keeps its verdict. `work`: a float64 copy in the mode of the run
     (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target).
@@ -78,14 +82,16 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     also show the cancellation in the gradient itself (_sums_to_nothing), so a chain that only contracts is
     not asked. Cost: one forward + backward (two when the widened forward fails), per strict name and per name
     the loss cannot tell two calls of its module alone, the shifted forwards of bisect, and one more shifted
-    forward per name the loss cannot tell at a unit shift."""
+    forward per name the loss cannot tell at a unit shift; at most MAX_FORWARDS whole-model forwards a draw, the
+    names not asked by then added to `unasked` (they keep their verdict)."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     found: set[str] = set()
     for k in range(RANDOM_DRAWS + 1):
         if not names:
             break
-        got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict)
+        got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict,
+                              [] if unasked is None else unasked)
         found |= got
     return found
 
@@ -110,9 +116,16 @@ class _Drawn:
         return getattr(self.ctx, name)
 
 
-def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) -> tuple[set[str], list[str]]:
+def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict,
+             unasked: list) -> tuple[set[str], list[str]]:
     """cancelled in one draw of the RNG: (the cancelled names, the names its pass gave no gradient: not asked)."""
-    base, calls, wide, loss, grads = _base(work, inputs, names, loss_fn, ctx)
+    base, calls, wide, whole, grads = _base(work, inputs, names, loss_fn, ctx)
+    runs = [0]
+
+    def loss(*args, **kwargs):   # a whole-model forward: counted against MAX_FORWARDS
+        runs[0] += 1
+        return whole(*args, **kwargs)
+
     skipped = [n for n in names if n not in grads]
     names = [n for n in names if n in grads]
     if not names:
@@ -131,12 +144,14 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) 
         return n in hushed[0]
 
     def bound(n: str) -> float | None:
+        if n not in bounds and runs[0] >= MAX_FORWARDS:
+            return None   # not known: the verdict stays
         if n not in bounds:
             bounds[n] = _widest(calls, work, n, lambda m: test.shifted([n], m), ctx, wide, loss,
                                 reach.SEEN * test.seen / MAX_SCALE, silent)
         return bounds[n]
 
-    # what its own float64 gradient already says moves the loss is no cancellation (_stays): asking it in the
+    # what its own float64 gradient already says moves the loss is no cancellation (_scale): asking it in the
     # bisection would only spend the shifts (mnasnet's starved bn1 weights beside its cancelled bn3 biases)
     slopes = {n: test.slope(n, grads.get(n)) for n in names}
     quiet = [n for n in names if slopes[n] < reach.SEEN * test.seen]
@@ -147,7 +162,20 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) 
     # them (a weight behind a tiny gate) split few groups (timm ghostnetv3: 9 of 39 cancelled biases
     # reached within MAX_SHIFTS in model order, 39 of 39 ordered by slope)
     ordered = sorted(quiet, key=slopes.__getitem__)
-    return {n for n in bisect(ordered, test.moved) if _stays(bound(n), test, slopes[n], n)}, skipped
+    still = bisect(ordered, test.moved)
+    scales: dict[str, float] = {}
+    for n in (n for n in ordered if n in still):
+        if runs[0] >= MAX_FORWARDS:
+            unasked.append(n)
+            continue
+        scale = _scale(bound(n), test, slopes[n])
+        if scale is not None:
+            scales[n] = scale
+    # each at the scale that would show its own dependence, together: a group whose loss stays is cancelled as a
+    # whole, one that moves is halved (a sweep: one forward a name, ~300 names, took gradflow past 10 minutes)
+    wide = [n for n, v in scales.items() if v > 1.0]
+    kept = bisect(wide, lambda group: test.moved(group, {n: scales[n] for n in group})) if wide else set()
+    return {n for n, v in scales.items() if v == 1.0} | kept, skipped
 
 
 def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, silent) -> float | None:
@@ -179,22 +207,20 @@ def _sums_to_nothing(slope: float, bound: float | None) -> bool:
     return bound is not None and bound > 0 and slope < CANCELS * bound
 
 
-def _stays(bound: float | None, test, slope: float, name: str) -> bool:
-    """Does the loss stay where it was under a shift of `name` (not moved at a unit shift) large enough to show
-    both that the shift acts on what the loss reads (its module's output would move the loss, to first order,
-    by SEEN × what the test sees: reach.py's bound) and a faint real dependence, if there were one (the
-    parameter's own gradient along the shift, `slope`, times the scale, is SEEN × that too)? A cancellation
-    holds for any shift; a dependence below RESOLUTION × rtol of the bound (1e-10 in float64) is not told from
-    rounding. The scale is at most MAX_SCALE."""
+def _scale(bound: float | None, test, slope: float) -> float | None:
+    """The shift of a name the loss did not follow at a unit shift, under which its staying put shows both that the
+    shift acts on what the loss reads (its module's output would move the loss, to first order, by SEEN × what the
+    test sees: reach.py's bound) and a faint real dependence, if there were one (the parameter's own gradient
+    along the shift, `slope`, times the scale, is SEEN × that too): 1.0 where the unit shift showed it already,
+    None where no shift can (the verdict stays). A cancellation holds for any shift; a dependence below
+    RESOLUTION × rtol of the bound (1e-10 in float64) is not told from rounding. At most MAX_SCALE."""
     if not bound or not math.isfinite(bound):   # None: not known; 0: it moves nothing the loss's gradient
-        return False                               # reaches: the verdict stays
+        return None                                # reaches: the verdict stays
     need = reach.SEEN * test.seen
     if slope >= need:   # its gradient says a unit shift moves the loss, and it did not: not a cancellation
-        return False
+        return None
     scale = max(1.0, min(MAX_SCALE, need / max(slope, RESOLUTION * test.rtol * bound)))
-    if scale * bound < need:
-        return False
-    return scale == 1.0 or not test.moved([name], scale)
+    return None if scale * bound < need else scale
 
 
 class _ShiftTest:
@@ -227,21 +253,22 @@ class _ShiftTest:
             p = self.params[n]
             yield n, torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype)
 
-    def shifted(self, group, measure, scale: float = 1.0):
+    def shifted(self, group, measure, scale: float | dict = 1.0):
+        """`measure()` with each name of `group` shifted by its draw × `scale` (one for all, or each its own)."""
         import torch
 
         params = self.params
         with torch.no_grad():
             saved = [params[n].detach().clone() for n in group]
             for n, d in self._draws(group):
-                params[n].add_(d * scale)
+                params[n].add_(d * (scale[n] if isinstance(scale, dict) else scale))
             try:
                 return measure()
             finally:
                 for n, v in zip(group, saved):
                     params[n].copy_(v)
 
-    def moved(self, group, scale: float = 1.0) -> bool:
+    def moved(self, group, scale: float | dict = 1.0) -> bool:
         import torch
 
         with torch.no_grad():
