@@ -24,8 +24,8 @@ import warnings
 import weakref
 from typing import Any, NamedTuple
 
-_ORIGINAL = "_torchdiag_original"   # on a wrapper: the function it wraps
-_OWNER = "_torchdiag_owner"         # on a wrapper: its ClipNorms, weakly (closed or gone: a pass-through)
+ORIGINAL = "_torchdiag_original"   # on a wrapper: the function it wraps
+OWNER = "_torchdiag_owner"         # on a wrapper: its ClipNorms, weakly (closed or gone: a pass-through)
 
 
 class ClipNorms:
@@ -91,8 +91,8 @@ class ClipNorms:
         self._install(clip_grad_value_, by_value, "clip_grad_value_", (clip_grad, utils))
 
     def _install(self, wrapper, original, attr: str, modules) -> None:
-        setattr(wrapper, _ORIGINAL, original)
-        setattr(wrapper, _OWNER, weakref.ref(self))
+        setattr(wrapper, ORIGINAL, original)
+        setattr(wrapper, OWNER, weakref.ref(self))
         for module in modules:
             if getattr(module, attr, None) is original:
                 setattr(module, attr, wrapper)
@@ -120,7 +120,7 @@ class ClipNorms:
         for name, attr, wrapper in self._installed:
             module = sys.modules.get(name)
             if module is not None and getattr(module, attr, None) is wrapper:
-                setattr(module, attr, _live(getattr(wrapper, _ORIGINAL)))
+                setattr(module, attr, live(getattr(wrapper, ORIGINAL)))
         self._installed = []
 
     def take(self, params, backwards: int, keep_others: bool = False) -> list:
@@ -227,13 +227,13 @@ def _is_tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def _live(fn):
+def live(fn):
     """`fn`, or what it wraps where it is a wrapper of a watch that has closed (or gone)."""
-    while getattr(fn, _OWNER, None) is not None:
-        owner = getattr(fn, _OWNER)()
+    while getattr(fn, OWNER, None) is not None:
+        owner = getattr(fn, OWNER)()
         if owner is not None and not owner._closed:
             break
-        fn = getattr(fn, _ORIGINAL)
+        fn = getattr(fn, ORIGINAL)
     return fn
 
 

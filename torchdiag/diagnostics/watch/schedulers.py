@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import weakref
 
-from .clip import _ORIGINAL, _OWNER, _live  # the same marks on a wrapper as clip's
+from .clip import ORIGINAL, OWNER, live  # the same marks on a wrapper as clip's
 
 MAX_RUNS = 10_000                   # runs of consecutive steps kept (a scheduler stepped per epoch: one run an epoch)
 EACH_STEP = 0.9                     # a scheduler called at this share of the steps or more counts batches
@@ -34,8 +34,8 @@ class SchedulerCalls:
                 me._saw(scheduler)
             return original(scheduler, *args, **kwargs)
 
-        setattr(step, _ORIGINAL, original)
-        setattr(step, _OWNER, ref)
+        setattr(step, ORIGINAL, original)
+        setattr(step, OWNER, ref)
         LRScheduler.step = step   # type: ignore[method-assign,assignment]
         self._wrapper = step
 
@@ -67,6 +67,6 @@ class SchedulerCalls:
 
         self._closed = True
         if self._wrapper is not None and LRScheduler.__dict__.get("step") is self._wrapper:
-            LRScheduler.step = _live(getattr(self._wrapper, _ORIGINAL))   # type: ignore[method-assign]
+            LRScheduler.step = live(getattr(self._wrapper, ORIGINAL))   # type: ignore[method-assign]
         self._wrapper = None
 
