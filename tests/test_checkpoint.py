@@ -710,6 +710,7 @@ def test_a_transformers_moe_folder_saved_per_expert_loads_into_its_fused_experts
     diagnoses holds the saved model's values."""
     transformers = pytest.importorskip("transformers")
     from torchdiag.core.checkpoint import load
+    from torchdiag.errors import UsageError
 
     cfg = transformers.AutoConfig.for_model(
         "mixtral", vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -731,3 +732,18 @@ def test_a_transformers_moe_folder_saved_per_expert_loads_into_its_fused_experts
     assert r.code == 0, r.stderr
     assert r.json["checkpoint"][0].endswith("converted by transformers' own loader to the layout the model "
                                                       "keeps in memory")
+    # a review: another file in the folder (a step's weights) was replaced by the folder's model.safetensors and
+    # called converted; only the folder's own weights are read that way, the rest said as they are
+    from safetensors.torch import save_file
+    save_file({k: v.clone() for k, v in saved.state_dict().items()} | {"extra.weight": torch.zeros(2)},
+              str(tmp_path / "step100.safetensors"))
+    with pytest.raises(UsageError, match="step100.safetensors does not fit the model: 1 unexpected"):
+        load(transformers.AutoModelForCausalLM.from_config(cfg), str(tmp_path / "step100.safetensors"),
+             torch.device("cpu"), strict=True)
+    # a review: a sharded folder (model.safetensors.index.json) was refused
+    shards = tmp_path / "sharded"
+    saved.save_pretrained(shards, max_shard_size="50KB")
+    assert (shards / "model.safetensors.index.json").is_file() and len(list(shards.glob("*.safetensors"))) > 1
+    fresh = transformers.AutoModelForCausalLM.from_config(cfg)
+    report = load(fresh, str(shards / "model.safetensors.index.json"), torch.device("cpu"), strict=True)
+    assert report.converted and all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.state_dict().items())

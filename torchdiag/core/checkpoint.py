@@ -631,10 +631,14 @@ def transformers_layout(model, path: str) -> dict | None:
     """The file's weights in the layout a transformers model keeps in memory, read by transformers' own loader, or
     None. transformers >= 5 fuses some on loading (a MoE's experts into one tensor, saved one per expert: every
     Mixtral folder save_pretrained writes failed with 13 unexpected keys, a sweep). Safetensors only (no code runs),
-    and only when that loader found every key of the model and used every key of the folder."""
+    and only when that loader found every key of the model and used every key of the folder; only for the folder's own
+    weights (model.safetensors, or its index for shards), the files from_pretrained reads."""
     import sys
 
-    if not path.endswith(".safetensors") or "transformers" not in sys.modules:
+    # only the file from_pretrained itself reads from that folder (a review: another file in it, a step's or a wrong
+    # one, was replaced by the folder's model.safetensors and called converted)
+    if os.path.basename(path) not in ("model.safetensors", "model.safetensors.index.json") \
+            or "transformers" not in sys.modules:
         return None
     from transformers import PreTrainedModel
     from transformers.utils import logging as hf_logging

@@ -25,9 +25,6 @@ LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run 
                            # tensors of its own: torchvision RAFT's coordinate grid); rounding is ~1e-7 there
 INVARIANT_GRAD_FACTOR = 1e-4   # a gradient below this × the largest of its module's other parameters': a candidate
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
-MAX_FORWARDS = 48    # whole-model forwards at most in one draw, bisect's included: the names not asked by then keep
-                     # their verdict (a sweep: timm efficientformerv2_s2's ~300 candidates behind 1e-5 layer scales
-                     # took gradflow past 10 minutes, one float64 forward per name)
 MAX_SCALE = 1e6      # a shift scaled up at most this much where a unit shift cannot tell (_scale)
 RESOLUTION = 0.1     # × rtol: a dependence below this fraction of what the shift does at its module is rounding
 CANCELS = 1e-6       # a strict name's slope below this × its bound: its gradient sums to nothing (_sums_to_nothing)
@@ -70,8 +67,7 @@ def double(t):
     return t.double() if t.is_floating_point() else t
 
 
-def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL, strict=(),
-              unasked: list | None = None) -> set[str]:
+def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL, strict=()) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
     move, though their own module's output moved enough to move it had nothing after it cancelled the move
     (core/reach.py: a following normalisation or softmax removes the shift); see _scale. A parameter that
@@ -82,16 +78,15 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     also show the cancellation in the gradient itself (_sums_to_nothing), so a chain that only contracts is
     not asked. Cost: one forward + backward (two when the widened forward fails), per strict name and per name
     the loss cannot tell two calls of its module alone, the shifted forwards of bisect, and one more shifted
-    forward per name the loss cannot tell at a unit shift; at most MAX_FORWARDS whole-model forwards a draw, the
-    names not asked by then added to `unasked` (they keep their verdict)."""
+    shifted forwards of a second bisection of the names the loss cannot tell at a unit shift, each at its own
+    larger shift."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     found: set[str] = set()
     for k in range(RANDOM_DRAWS + 1):
         if not names:
             break
-        got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict,
-                              [] if unasked is None else unasked)
+        got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict)
         found |= got
     return found
 
@@ -116,16 +111,9 @@ class _Drawn:
         return getattr(self.ctx, name)
 
 
-def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict,
-             unasked: list) -> tuple[set[str], list[str]]:
+def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) -> tuple[set[str], list[str]]:
     """cancelled in one draw of the RNG: (the cancelled names, the names its pass gave no gradient: not asked)."""
-    base, calls, wide, whole, grads = _base(work, inputs, names, loss_fn, ctx)
-    runs = [0]
-
-    def loss(*args, **kwargs):   # a whole-model forward: counted against MAX_FORWARDS
-        runs[0] += 1
-        return whole(*args, **kwargs)
-
+    base, calls, wide, loss, grads = _base(work, inputs, names, loss_fn, ctx)
     skipped = [n for n in names if n not in grads]
     names = [n for n in names if n in grads]
     if not names:
@@ -144,8 +132,6 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict,
         return n in hushed[0]
 
     def bound(n: str) -> float | None:
-        if n not in bounds and runs[0] >= MAX_FORWARDS:
-            return None   # not known: the verdict stays
         if n not in bounds:
             bounds[n] = _widest(calls, work, n, lambda m: test.shifted([n], m), ctx, wide, loss,
                                 reach.SEEN * test.seen / MAX_SCALE, silent)
@@ -165,9 +151,6 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict,
     still = bisect(ordered, test.moved)
     scales: dict[str, float] = {}
     for n in (n for n in ordered if n in still):
-        if runs[0] >= MAX_FORWARDS:
-            unasked.append(n)
-            continue
         scale = _scale(bound(n), test, slopes[n])
         if scale is not None:
             scales[n] = scale

@@ -22,7 +22,6 @@ from ...core.fewer import alike, retried
 from ...core.invariance import (
     LOSS_RTOL,
     LOSS_RTOL_FLOAT32,
-    MAX_FORWARDS,
     cancelled,
     double,
     small_beside_siblings,
@@ -70,7 +69,7 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
                     result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: "
                                         f"{failed})")
                 retried(lambda x: _invariant(_copy(model, opts, ctx), x, cands, strict, ctx.loss(), ctx,
-                                             LOSS_RTOL_FLOAT32, result.notes), inputs, ctx, result.notes, "cancelled parameters "
+                                             LOSS_RTOL_FLOAT32), inputs, ctx, result.notes, "cancelled parameters "
                         "re-checked in float32", agrees)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
@@ -247,7 +246,7 @@ def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list, 
 
     try:
         retried(lambda x: _invariant(_copy(model, opts, ctx, as_double=True), x.map(double), cands, strict, ctx.loss(),
-                                     ctx, notes=notes), inputs, ctx, notes, "cancelled gradients re-checked on a float64 copy",
+                                     ctx), inputs, ctx, notes, "cancelled gradients re-checked on a float64 copy",
                 agrees)
         return None
     except ModelError as exc:
@@ -256,12 +255,8 @@ def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list, 
     return failed
 
 
-def _invariant(work, inputs, cands, strict, loss_fn, ctx, rtol: float = LOSS_RTOL, notes: list | None = None) -> None:
-    unasked: list[str] = []
-    cancelled_names = cancelled(work, inputs, [r["name"] for r in cands], loss_fn, ctx, rtol, strict, unasked)
-    if unasked and notes is not None:
-        notes.append(f"{len(set(unasked))} parameter(s) with gradients at rounding were not asked whether the loss "
-                     f"ignores them (at most {MAX_FORWARDS} forwards of the copy): their verdicts stand")
+def _invariant(work, inputs, cands, strict, loss_fn, ctx, rtol: float = LOSS_RTOL) -> None:
+    cancelled_names = cancelled(work, inputs, [r["name"] for r in cands], loss_fn, ctx, rtol, strict)
     for r in cands:
         if r["name"] in cancelled_names:
             r.update(status="invariant", allowed=False, design={
