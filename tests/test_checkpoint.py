@@ -747,3 +747,12 @@ def test_a_transformers_moe_folder_saved_per_expert_loads_into_its_fused_experts
     fresh = transformers.AutoModelForCausalLM.from_config(cfg)
     report = load(fresh, str(shards / "model.safetensors.index.json"), torch.device("cpu"), strict=True)
     assert report.converted and all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.state_dict().items())
+    # a review: a stale model.safetensors beside the index (save_pretrained twice into one folder) is what
+    # from_pretrained reads: the index asked for is not replaced by it
+    torch.manual_seed(2)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "stale")
+    saved.save_pretrained(tmp_path / "stale", max_shard_size="50KB")
+    assert (tmp_path / "stale" / "model.safetensors").is_file()
+    with pytest.raises(UsageError, match="does not fit the model"):
+        load(transformers.AutoModelForCausalLM.from_config(cfg), str(tmp_path / "stale" / "model.safetensors.index.json"),
+             torch.device("cpu"), strict=True)

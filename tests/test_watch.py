@@ -7635,39 +7635,6 @@ def test_another_optimizers_scheduler_stepped_per_batch_is_not_this_ones():
     assert not any("stepped after every optimizer step" in (f.hint or "") for f in w.result().findings)
 
 
-def test_an_epochs_last_partial_batch_through_batchnorm_is_not_a_spike_of_the_run():
-    """A sweep: SGD on an MLP with BatchNorm and a DataLoader of 2500 samples at 64 (each epoch's last batch 4): the
-    last batches' losses (2.3-2.6 against a median of 0.17, BatchNorm's statistics of 4 samples; 0.04 in eval mode)
-    were a loss-spike warning on a healthy run. A batch of a quarter of the others' or less whose spike is gone at the
-    next step is that batch's own: a note."""
-    torch.manual_seed(0)
-    x = torch.randn(3000, 20)
-    y = (x @ torch.randn(20, 3) + 0.5 * torch.randn(3000, 3)).argmax(1)
-    model = nn.Sequential(nn.Linear(20, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 3))
-    opt = torch.optim.SGD(model.parameters(), 0.05, momentum=0.9, weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 200)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:2500], y[:2500]), batch_size=64, shuffle=True)
-    losses = []
-    with Watch(model, opt, every=10) as w:
-        for _ in range(9):
-            for xb, yb in loader:
-                loss = F.cross_entropy(model(xb), yb)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-                if len(losses) <= 200:
-                    sched.step()
-    last = [losses[k] for k in range(39, len(losses), 40)]   # each epoch's batch of 4 (2500 = 39 x 64 + 4)
-    # the premise: those batches' losses are far above the steps around them, and the next step is back
-    assert max(last[1:]) > 5 * statistics.median(losses[40:]) and all(losses[k + 1] < 1 for k in range(39, 200, 40))
-    r = w.result()
-    assert "loss-spike" not in codes(r), [f.message for f in r.findings]
-    assert any("came from a batch of 4 sample(s) where the others have 64" in n for n in r.notes), r.notes
-    with torch.no_grad():   # and the model is healthy: well above chance (1/3) on held-out rows
-        assert (model.eval()(x[2500:]).argmax(1) == y[2500:]).float().mean() > 0.8
-
-
 def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
     """A sweep: a script that opens its own watch_callback, run under `torchdiag watch`: the metrics went to the inner
     watch only, which found val-worsens, and the outer report (the command's exit code) passed."""

@@ -637,8 +637,11 @@ def transformers_layout(model, path: str) -> dict | None:
 
     # only the file from_pretrained itself reads from that folder (a review: another file in it, a step's or a wrong
     # one, was replaced by the folder's model.safetensors and called converted)
-    if os.path.basename(path) not in ("model.safetensors", "model.safetensors.index.json") \
-            or "transformers" not in sys.modules:
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    # an index beside a model.safetensors (save_pretrained twice into one folder) is not what from_pretrained reads
+    if name not in ("model.safetensors", "model.safetensors.index.json") or "transformers" not in sys.modules or (
+            name.endswith(".json") and os.path.exists(os.path.join(folder, "model.safetensors"))):
         return None
     from transformers import PreTrainedModel
     from transformers.utils import logging as hf_logging
@@ -649,7 +652,7 @@ def transformers_layout(model, path: str) -> dict | None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        twin, info = type(model).from_pretrained(os.path.dirname(os.path.abspath(path)), config=model.config,
+        twin, info = type(model).from_pretrained(folder, config=model.config,
                                                  local_files_only=True, use_safetensors=True, trust_remote_code=False,
                                                  output_loading_info=True)
     except Exception:   # noqa: BLE001 - not its layout either: the keys that do not fit are said as they are

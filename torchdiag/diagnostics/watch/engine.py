@@ -697,8 +697,7 @@ class Engine:
         size = _batch_size(args, kwargs)
         if self.batch_size is None:
             self.batch_size = size
-        elif size is not None and (size <= SMALL_BATCH < self.batch_size or PARTIAL * size <= self.batch_size) \
-                and len(self.small_batches) < SMALL_BATCHES:
+        elif size is not None and size <= SMALL_BATCH < self.batch_size and len(self.small_batches) < SMALL_BATCHES:
             self.small_batches[self.step + 1] = size   # the loss and the step this forward makes
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
                 and id(module) not in self._traced:
@@ -2058,8 +2057,6 @@ def compiled(root) -> bool:
 
 LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
-PARTIAL = 4      # a batch of a quarter of the first's or less: an epoch's last, judged by report._loss_curve only where
-                 # the next step's loss is back among the ones before it
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)
 REACH_SETS = 64   # the sets of parameters steps' gradients reached that are told apart (report._reach_groups)

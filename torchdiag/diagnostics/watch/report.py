@@ -1165,10 +1165,8 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         base = statistics.median(values[i - w:i])
         # ratios need a positive scale: a loss that can be negative (a GAN's, an RL objective) has no spike ratio
         if base > 0 and values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
-            if small and pairs[i][0] in small and _one_batchs(values, i, w, small[pairs[i][0]]):
-                # a few samples' loss (an epoch's last batch of 1: one noisy sample, 7.0 against a median of 0.57, a
-                # review's healthy run), not the run's
-                result.notes.append(
+            if small and pairs[i][0] in small:   # a few samples' loss (an epoch's last batch of 1: one noisy sample,
+                result.notes.append(   # 7.0 against a median of 0.57, a review's healthy run), not the run's
                     f"the loss {values[i]:.4g} at step {pairs[i][0]} ({values[i] / base:.1f}× its running median) came "
                     f"from a batch of {small[pairs[i][0]]} sample(s) where the others have {batch}: a few samples' "
                     "loss, not judged as a spike of the run")
@@ -1231,18 +1229,6 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                        f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0]))
-
-
-def _one_batchs(values: list[float], i: int, w: int, size: int) -> bool:
-    """A spike on a small batch is that batch's own: one of 1 or 2 samples always; a larger one (a quarter of the
-    others' or less: an epoch's last, 4 of 64, through BatchNorm's statistics of 4 samples: 2.3 against a median of
-    0.17, a sweep's healthy SWA run) where the next step's loss is back among the w before it. A sequence-first
-    model's shorter bucket shows a small dim 0 too: a spike there that the run kept is the run's (a review)."""
-    from .engine import SMALL_BATCH
-
-    if size <= SMALL_BATCH or i + 1 == len(values):   # the run's last step: nothing after it felt the batch
-        return True
-    return values[i + 1] <= max(values[max(0, i - w):i])
 
 
 def _plateau_hint(growth: float | None, end: float, first: float) -> str:
