@@ -38,11 +38,15 @@ def test_a_module_the_file_imports_is_no_factory_to_suggest(tmp_path):
         import torch
         import torch.nn as nn
         from helpers import noisy_builder
+        SEED = 0
         def noisy(): return nn.Linear(2, 2)
     """)
     with pytest.raises(UsageError, match="has no factory named 'nosuch'") as e:
         precheck(f"{path}:nosuch")
     assert "torch" not in e.value.hint and "nn" not in e.value.hint.split() and "noisy" in e.value.hint
+    with pytest.raises(UsageError, match="has no factory named 'model'") as e:   # a review: SEED offered too
+        precheck(f"{path}:model")
+    assert e.value.hint == "callables there: noisy, noisy_builder", e.value.hint
 
 
 @pytest.mark.parametrize("body", [

@@ -35,13 +35,13 @@ def precheck(spec: str, download: str | None = None) -> None:
         raise file_not_found(where)
     if not os.path.isfile(path) or not where.endswith(".py") or os.path.getsize(path) > MAX_SOURCE:
         return                                 # folders and other files: the loader says what they are
-    modules: set[str] = set()
-    names = top_level_names(path, modules)
+    plain: set[str] = set()
+    names = top_level_names(path, plain)
     first = name.split(".", 1)[0]
     if names is None or first in names:
         return
-    # a module the file imports (torch, nn) is no factory to suggest
-    raise no_factory(where, name, sorted(n for n in names - modules if not n.startswith("_")))
+    # a module the file imports (torch) or a literal (SEED = 0) is no factory to suggest
+    raise no_factory(where, name, sorted(n for n in names - plain if not n.startswith("_")))
 
 
 def file_not_found(where: str, what: str = "model file") -> UsageError:
@@ -59,19 +59,19 @@ def no_factory(where: str, name: str, candidates: list[str]) -> UsageError:
     return UsageError(f"'{where}' has no factory named '{name}'", hint=hint)
 
 
-def top_level_names(path: str, modules: set[str] | None = None) -> set[str] | None:
-    """The names the module's top level binds, or None when that cannot be told without running it. `modules` gets
-    those bound by `import X` (modules, not things imported from them)."""
+def top_level_names(path: str, plain: set[str] | None = None) -> set[str] | None:
+    """The names the module's top level binds, or None when that cannot be told without running it. `plain` gets
+    those that are no factory: bound by `import X` (modules, not things imported from them) or to a literal."""
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), filename=path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None                            # the import reports it with the user's own traceback
     names: set[str] = set()
-    return names if _bind(tree.body, names, set() if modules is None else modules) else None
+    return names if _bind(tree.body, names, set() if plain is None else plain) else None
 
 
-def _bind(body: list, names: set[str], modules: set[str]) -> bool:
+def _bind(body: list, names: set[str], plain: set[str]) -> bool:
     """Add what `body` binds; False when something binds names we cannot see."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -84,14 +84,16 @@ def _bind(body: list, names: set[str], modules: set[str]) -> bool:
                     return False
                 names.add(alias.asname or alias.name.split(".", 1)[0])
                 if isinstance(node, ast.Import):
-                    modules.add(alias.asname or alias.name.split(".", 1)[0])
+                    plain.add(alias.asname or alias.name.split(".", 1)[0])
         else:
             if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("globals", "exec", "vars")
                    for n in ast.walk(node)):
                 return False
             names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):   # SEED = 0, ROOT = "data"
+                plain.update(t.id for t in node.targets if isinstance(t, ast.Name))
             for block in ("body", "orelse", "finalbody", "handlers"):
                 inner = getattr(node, block, None)
-                if isinstance(inner, list) and not _bind(inner, names, modules):
+                if isinstance(inner, list) and not _bind(inner, names, plain):
                     return False
     return True
