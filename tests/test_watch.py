@@ -7635,6 +7635,31 @@ def test_another_optimizers_scheduler_stepped_per_batch_is_not_this_ones():
     assert not any("stepped after every optimizer step" in (f.hint or "") for f in w.result().findings)
 
 
+def test_an_update_ratio_that_weight_decay_makes_names_it():
+    """A sweep: SGD (lr 0.1, momentum 0.9) at weight_decay 1.0 shrank the weights to nothing (accuracy 0.30 against
+    0.99) and got update-ratio-high with "lower the learning rate"; the decay alone takes lr x weight_decay of them a
+    step. Without the decay, the same run has no such warning."""
+    finals, found = {}, {}
+    for decay in (0.0, 1.0):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=decay)
+        g = torch.Generator().manual_seed(0)
+        losses = []
+        with Watch(model, opt, every=10) as w:
+            for _ in range(60):
+                x, y = _xy(g)
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        finals[decay] = statistics.median(losses[-20:])
+        found[decay] = [f for f in w.result().findings if f.code == "update-ratio-high"]
+    assert finals[1.0] > 2 * finals[0.0]   # the premise: the decay cost the run its learning
+    assert not found[0.0] and found[1.0]
+    assert all(f.hint.startswith("weight_decay 1 at lr 0.1 shrinks the weights by 0.1 of their norm") for f in found[1.0])
+
+
 def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
     """A sweep: a script that opens its own watch_callback, run under `torchdiag watch`: the metrics went to the inner
     watch only, which found val-worsens, and the outer report (the command's exit code) passed."""
