@@ -47,6 +47,22 @@ def test_a_module_the_file_imports_is_no_factory_to_suggest(tmp_path):
     with pytest.raises(UsageError, match="has no factory named 'model'") as e:   # a review: SEED offered too
         precheck(f"{path}:model")
     assert e.value.hint == "callables there: noisy, noisy_builder", e.value.hint
+    # a second review: literals of every form are left out, and a name bound to a literal and then to a function
+    # (build = None, then def build) is still offered
+    path = write(tmp_path, """
+        SEED: int = 0
+        A, B = 0, 1
+        NEG = -1
+        CFG = {"width": 8}
+        build = None
+        def build(): return None
+    """, "m2.py")
+    with pytest.raises(UsageError) as e:
+        precheck(f"{path}:buidl")
+    assert e.value.hint == "did you mean build?", e.value.hint
+    with pytest.raises(UsageError) as e:
+        precheck(f"{path}:model")
+    assert e.value.hint == "callables there: build", e.value.hint
 
 
 @pytest.mark.parametrize("body", [

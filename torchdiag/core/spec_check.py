@@ -40,7 +40,7 @@ def precheck(spec: str, download: str | None = None) -> None:
     first = name.split(".", 1)[0]
     if names is None or first in names:
         return
-    # a module the file imports (torch) or a literal (SEED = 0) is no factory to suggest
+    # a module the file imports (torch) or a literal (SEED = 0), bound to nothing else, is no factory to suggest
     raise no_factory(where, name, sorted(n for n in names - plain if not n.startswith("_")))
 
 
@@ -68,32 +68,52 @@ def top_level_names(path: str, plain: set[str] | None = None) -> set[str] | None
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None                            # the import reports it with the user's own traceback
     names: set[str] = set()
-    return names if _bind(tree.body, names, set() if plain is None else plain) else None
+    only: set[str] = set()   # bound to a module or a literal somewhere
+    other: set[str] = set()  # bound to anything else somewhere (a def after `build = None`: a review)
+    if not _bind(tree.body, names, only, other):
+        return None
+    if plain is not None:
+        plain.update(only - other)
+    return names
 
 
-def _bind(body: list, names: set[str], plain: set[str]) -> bool:
+def _bind(body: list, names: set[str], only: set[str], other: set[str]) -> bool:
     """Add what `body` binds; False when something binds names we cannot see."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             if node.name == "__getattr__":
                 return False
             names.add(node.name)
+            other.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 if alias.name == "*":
                     return False
-                names.add(alias.asname or alias.name.split(".", 1)[0])
-                if isinstance(node, ast.Import):
-                    plain.add(alias.asname or alias.name.split(".", 1)[0])
+                bound = alias.asname or alias.name.split(".", 1)[0]
+                names.add(bound)
+                (only if isinstance(node, ast.Import) else other).add(bound)
         else:
             if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("globals", "exec", "vars")
                    for n in ast.walk(node)):
                 return False
-            names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):   # SEED = 0, ROOT = "data"
-                plain.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            stored = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            names.update(stored)
+            # SEED = 0, A, B = 0, 1, CFG = {...}: literals; anything else (build = make, a loop target) may be one
+            (only if _literal(node) else other).update(stored)
             for block in ("body", "orelse", "finalbody", "handlers"):
                 inner = getattr(node, block, None)
-                if isinstance(inner, list) and not _bind(inner, names, plain):
+                if isinstance(inner, list) and not _bind(inner, names, only, other):
                     return False
+    return True
+
+
+def _literal(node) -> bool:
+    """An assignment of a literal (a number, a string, a container of them) at the top level."""
+    value = getattr(node, "value", None) if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+    if value is None:
+        return False
+    try:
+        ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
     return True
