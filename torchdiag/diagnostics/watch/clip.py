@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import sys
 import types
 import warnings
@@ -39,7 +38,6 @@ class ClipNorms:
         self._installed: list = []  # (module name, attribute, wrapper)
         self._closed = False
         self.seen = False           # the loop clipped at least once while watched
-        self.least: float | None = None   # the smallest max_norm clip_grad_norm_ was given (report._clipped_small)
 
     def attach(self) -> None:
         import torch.nn.utils as utils
@@ -114,8 +112,6 @@ class ClipNorms:
         self._since.append(_Call(total.detach(), ids, engine.backwards, max_norm if once else None,
                                  (order, each) if order else None))
         self.seen = True
-        if isinstance(max_norm, (int, float)) and 0 < max_norm < (self.least or math.inf):
-            self.least = float(max_norm)
 
     def close(self) -> None:
         """Put each function back where the wrapper is still the one installed, past any wrapper of a watch closed

@@ -46,7 +46,6 @@ VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than th
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 STEPPED_GAP = 4        # ... and the most steps between its changes of a scheduler that counts batches
 ONE_BATCH = 1e-3       # ... under this spread of the log-loss from step to step, every step saw the same batch
-CLIP_TINY = 0.01       # a max_norm under this share of the gradients' median norm shortens every step (a plateau's hint)
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
@@ -845,8 +844,7 @@ def _curves(result: Result, engine) -> None:
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
-            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of,
-                        _unscaled(engine) + _clipped_small(engine, [result.series["grad_norm"][i] for i in picked]),
+            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
                         engine.small_batches, engine.batch_size)
             _lr_collapse(result, part, lr_at, of,
@@ -1308,19 +1306,6 @@ def _unscaled(engine) -> str:
         return ""
     return (f"the model's input reaches |x| = {top:.4g} at the first step: unless the model scales it first, normalise "
             "it (x / 255 for pixels, standardised features); ")
-
-
-def _clipped_small(engine, norms: list) -> str:
-    """A plateau's hint names clipping where the loop clipped to a max_norm under CLIP_TINY of the gradients' median
-    norm before clipping: every step was shortened that much (a sweep: max_norm 1e-4, the loss flat at 1.60, 0.26
-    accuracy against 0.99 at max_norm 1, was told the learning rate may be off)."""
-    least = engine.clips.least
-    finite = [v for v in norms if v is not None and math.isfinite(v) and v > 0]
-    if least is None or not finite or least >= CLIP_TINY * statistics.median(finite):
-        return ""
-    typical = statistics.median(finite)
-    return (f"the loop clips gradients to max_norm {least:g}, {typical / least:.3g}× under their median norm before "
-            f"clipping ({typical:.3g}): every step is that much shorter; raise max_norm (about 1 is usual); ")
 
 
 def _rise_during(lr_at: dict, excursion: tuple, w: int):
