@@ -1186,6 +1186,8 @@ def test_stochastic_depth_is_a_mode_dependent_module_not_ok():
     r = run_diag(model, x)
     (f,) = [f for f in r.findings if f.code == "mode-dependent"]
     assert "1 DropPath make train and eval outputs differ" in f.message and "stochastic depth off" in f.message
+    # a sweep: the difference measured with them off (0) was printed as if it were theirs (swin_tiny)
+    assert "(not measured: the outputs were compared with stochastic depth off)" in f.message, f.message
 
 
 @pytest.mark.parametrize("end, loss, found", [(nn.Softmax(dim=1), "auto", True), (nn.Identity(), "auto", False),

@@ -58,7 +58,9 @@ def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth
     if mods:   # by design in most models: one compact generic note, said once
         kinds, where = _kinds(mods), ", ".join(name(n) for n, _ in mods[:3]) + (" …" if len(mods) > 3 else "")
         if dtxt and depth_off:   # the outputs compared had stochastic depth off (training.py): its part is not in it
-            dtxt = dtxt[:-1] + ", stochastic depth off)"
+            # (and where it is all there is, the number measured nothing: swin_tiny's 22 DropPath "differ (… 0 …)")
+            dtxt = " (not measured: the outputs were compared with stochastic depth off)" if not bad and \
+                _only_depth(model, mods) else dtxt[:-1] + ", stochastic depth off)"
         if not depth_off and diff is not None and diff <= 1e-5 * scale(eval_out) + 1e-6:   # (a sweep: "differ (…
             # difference 0)": dropout inside attention-bias MLPs whose output starts at zero, swinv2_cr)
             said = f"{kinds} can make train and eval outputs differ; here they agree{dtxt}: none of them changes " \
@@ -84,6 +86,14 @@ def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth
         ck.row("modes", "skipped", f"{none}; train and eval outputs not compared{dtxt}")
     else:
         ck.row("modes", "ok", f"{none}; train = eval output")
+
+
+def _only_depth(model, mods) -> bool:
+    """Every mode-dependent module found is stochastic depth."""
+    from ...core.design import is_stochastic_depth
+
+    modules = dict(model.named_modules())
+    return all(n in modules and is_stochastic_depth(modules[n]) for n, _ in mods)
 
 
 def _kinds(mods) -> str:
