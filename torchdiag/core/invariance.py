@@ -77,9 +77,8 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     The names in `strict` (not small beside a sibling: every parameter of their module may be starved) must
     also show the cancellation in the gradient itself (_sums_to_nothing), so a chain that only contracts is
     not asked. Cost: one forward + backward (two when the widened forward fails), per strict name and per name
-    the loss cannot tell two calls of its module alone, the shifted forwards of bisect, and one more shifted
-    shifted forwards of a second bisection of the names the loss cannot tell at a unit shift, each at its own
-    larger shift."""
+    the loss cannot tell two calls of its module alone, the shifted forwards of bisect, and those of a second
+    bisection of the names the loss cannot tell at a unit shift, each at its own larger shift."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     found: set[str] = set()
@@ -156,8 +155,8 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) 
             scales[n] = scale
     # each at the scale that would show its own dependence, together: a group whose loss stays is cancelled as a
     # whole, one that moves is halved (a sweep: one forward a name, ~300 names, took gradflow past 10 minutes)
-    wide = [n for n, v in scales.items() if v > 1.0]
-    kept = bisect(wide, lambda group: test.moved(group, {n: scales[n] for n in group})) if wide else set()
+    larger = [n for n, v in scales.items() if v > 1.0]   # (not `wide`: the cast policy bound() reads)
+    kept = bisect(larger, lambda group: test.moved(group, {n: scales[n] for n in group})) if larger else set()
     return {n for n, v in scales.items() if v == 1.0} | kept, skipped
 
 
