@@ -91,6 +91,30 @@ def test_hf_weights_from_safetensors_in_the_folder(tmp_path, cli):
     assert r.code == 0 and "random weights" not in r.json["source"]
 
 
+def test_hf_folder_reads_what_from_pretrained_reads(tmp_path, cli):
+    """A review: every *.safetensors in the folder was loaded (a step's file beside the weights failed the spec), and
+    a stale shards' index was read before a newer model.safetensors. from_pretrained reads model.safetensors first."""
+    from safetensors.torch import save_file
+
+    from torchdiag.core.context import prepare
+    from torchdiag.core.run import RunSpec
+
+    folder = gpt2_dir(tmp_path)
+    model = transformers.GPT2LMHeadModel(transformers.AutoConfig.from_pretrained(folder))
+    state = {k: torch.full_like(v, 0.25) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    model.save_pretrained(folder, max_shard_size="50KB")            # an older sharded save: index + shards
+    assert (folder / "model.safetensors.index.json").is_file()
+    save_file(state, str(folder / "model.safetensors"))              # the newer weights, one file
+    save_file({"step": torch.zeros(1)}, str(folder / "step100.safetensors"))
+    built, _, ctx = prepare(RunSpec("summary", f"hf:{folder}", device="cpu"))
+    assert torch.equal(built.transformer.h[1].mlp.c_fc.weight, torch.full((32, 128), 0.25))
+    assert len(ctx.header["checkpoint"]) == 1 and "model.safetensors: " in ctx.header["checkpoint"][0]
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert "model.safetensors.index.json, step100.safetensors in the folder not read (from_pretrained reads model.safetensors" in r.json["source"], r.json["source"]
+    assert transformers.GPT2LMHeadModel.from_pretrained(folder).transformer.h[1].mlp.c_fc.weight.eq(0.25).all()
+
+
 def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
     folder = tmp_path / "t5"
     cfg = transformers.T5Config(vocab_size=300, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,

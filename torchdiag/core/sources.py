@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import json
 import os
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -276,6 +277,7 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
 
     source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
+    source.header["source"] += _unread_weights(folder, source.weights)
     if not source.weights:
         where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
         source.header["source"] += f"; no *.safetensors in {where}: random weights" + _pickled_weights(folder)
@@ -393,10 +395,29 @@ def _decoder_only(config) -> bool:
 
 
 def _hf_weights(folder: str) -> list[str]:
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        return [index]
+    """The files from_pretrained reads, in its order: model.safetensors, else the shards' index. Only a folder
+    with neither has its *.safetensors read (a step's file beside the weights is not the model's)."""
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        if os.path.isfile(os.path.join(folder, name)):
+            return [os.path.join(folder, name)]
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+
+
+def _unread_weights(folder: str, weights: list[str]) -> str:
+    """The other *.safetensors files beside the weights read, said so that a step's file is not taken as loaded."""
+    read = {os.path.basename(w) for w in weights}
+    if read.isdisjoint({"model.safetensors", "model.safetensors.index.json"}):
+        return ""
+    others = sorted(f for f in os.listdir(folder) if (f.endswith(".safetensors") or f.endswith(".safetensors.index.json"))
+                    and f not in read and not _a_shard(f))
+    if not others:
+        return ""
+    return (f"; {', '.join(others[:3])}{', ...' if len(others) > 3 else ''} in the folder not read "
+            f"(from_pretrained reads {', '.join(sorted(read))}; --checkpoint FILE reads another)")
+
+
+def _a_shard(name: str) -> bool:
+    return re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", name) is not None
 
 
 def _pickled_weights(folder: str) -> str:
