@@ -73,6 +73,17 @@ def test_audio_filter_banks_in_the_layout_the_model_reads(tmp_path, cli):
     assert r.json["inputs"] == ["input[0]: 1x12x20 float32"]
 
 
+def test_audio_filter_banks_as_a_one_channel_image(tmp_path, cli):
+    """A sweep: ClapAudioModel reads input_features (batch, 1, time, num_mel_bins), time at most spec_size *
+    (spec_size // num_mel_bins) (modeling_clap.py reshape_mel2img); every 3-D layout failed and the run exited 3."""
+    cfg = transformers.ClapAudioConfig(hidden_size=32, depths=[1, 1], num_attention_heads=[2, 2], patch_embeds_hidden_size=32,
+                                       spec_size=64, num_mel_bins=32, window_size=4, projection_dim=16)
+    folder = save(tmp_path, cfg, "ClapAudioModel")
+    r = ran(cli, "summary", folder)
+    assert r.json["inputs"] == ["input[0]: 1x1x64x32 float32"], r.json["inputs"]   # 64 <= 64 * (64 // 32) frames
+    ran(cli, "gradflow", folder)
+
+
 def test_batched_keeps_keyword_specs_and_widens_their_batch():
     from torchdiag.core.sources import batched
 

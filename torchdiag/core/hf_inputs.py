@@ -25,7 +25,7 @@ SHAPES_EACH = 12           # shapes tried for an optional input a forward needs 
 MAX_FRAMES = 4096          # a longer sequence is tried as a waveform only (hf: speecht5 read 16000 frames of
                            # features as hidden states: attention over them took the worker's memory)
 # config keys that give a sequence's length, and an input's feature (channel) size; by what the key means
-_LENGTH_KEYS = ("context_length", "max_source_positions", "num_mel_frames", "max_length", "seq_len")
+_LENGTH_KEYS = ("context_length", "max_source_positions", "num_mel_frames", "max_length", "seq_len", "spec_size")
 _FEATURE_KEYS = ("mel_bins", "feature_size", "feat_per_channel", "projection_input_dim", "input_dim",
                  "input_channels", "input_size", "num_channels", "in_channels")
 _WIDTH_KEYS = ("hidden_size", "d_model", "embed_dim")
@@ -164,6 +164,8 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str, int | No
             continue
         for f in specific:
             shapes += [((length, f), "float32", length), ((f, length), "float32", length)]
+            if main.endswith("_features"):   # filter banks as a one-channel image (ClapAudioModel)
+                shapes.append(((1, length, f), "float32", length))
         shapes.append(((length,), "float32", length))
         if main.endswith("input_values"):   # a waveform as one channel (a codec's Conv1d)
             shapes.append(((1, length), "float32", length))
