@@ -2390,6 +2390,22 @@ def test_a_scheduler_stepped_after_every_step_that_collapses_the_rate_is_a_warni
     assert f.severity == "warning" and "by step 121," in f.message and "stepped after every optimizer step" in f.hint
 
 
+def test_torchs_scheduler_warning_still_names_the_users_line():
+    """A sweep: with LRScheduler.step wrapped, torch's "lr_scheduler.step() before optimizer.step()" (stacklevel=2)
+    named watch's schedulers.py instead of the loop's sch.step() line; warnings.warn is torch's own again after the call."""
+    real = warnings.warn
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.1)
+    with Watch(model, opt, every=10), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        sched.step()   # before any optimizer step: torch warns
+        assert warnings.warn is real
+    (w,) = [w for w in seen if "before `optimizer.step()`" in str(w.message)]
+    assert (w.filename, w.lineno) == (__file__, line), (w.filename, w.lineno)
+
+
 @pytest.mark.parametrize("made", ["adam_each_step", "adam_each_epoch", "sgd_each_step", "adam_each_step_state_loaded"])
 def test_an_optimizer_made_again_at_every_step_is_said_when_it_keeps_state(made):
     """A sweep: Adam made inside the loop restarts its moment estimates at every step; the report said one optimizer
@@ -3589,6 +3605,28 @@ def _pgd_step(model, opt, x, y, k: int = 3) -> float:
     loss.backward()
     opt.step()
     return loss.item()
+
+
+def test_the_header_says_after_the_last_step_of_each_optimizer_by_its_own_rates():
+    """A sweep: the note came from the clock's series for every optimizer. A teacher's Adam at one rate was said
+    "(lr 0.01 after the last step)" for the student's schedule, and a ReduceLROnPlateau cut after the last step,
+    with the run at one rate throughout, was not said (the header read 0.003, the summary 0.01 -> 0.01)."""
+    model, other = _mlp(), _mlp()
+    fixed = torch.optim.Adam(other.parameters(), lr=0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.3, patience=0)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for _ in range(40):
+            for m, o in ((other, fixed), (model, opt)):
+                x, y = _xy(g)
+                o.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+        plateau.step(1.0)
+        plateau.step(2.0)   # worse: cut once, after the last step
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.003)
+    assert sorted(w.result().header["optimizers"]) == ["Adam (lr 0.003 after the last step)", "Adam (lr 0.01)"]
 
 
 def test_a_new_optimizer_each_epoch_goes_on_with_the_same_steps_and_rows():

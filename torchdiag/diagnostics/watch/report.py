@@ -1841,10 +1841,17 @@ def _optimizers(engine) -> list[str]:
     # under a schedule the rate now is its last (a sweep: "AdamW (lr 0)" after a decay to 0 read as a setup error);
     # the summary gives the run's range
     lrs = [v for v in engine.series.get("lr", []) if v is not None]
-    end = " after the last step" if lrs and max(lrs) - min(lrs) > 1e-6 * max(abs(v) for v in lrs) else ""
     for t in (t for t in engine.tracks.values() if not t.retired):
         lr = t.lr()
-        out.append(f"{t.kind} (lr {lr:g}{end})" if isinstance(lr, (int, float)) else t.kind)
+        if not isinstance(lr, (int, float)):
+            out.append(t.kind)
+            continue
+        # each optimizer by its own rates (a sweep: a teacher at one rate was said "after the last step" for the
+        # student's schedule, and ReduceLROnPlateau's cut after the last step was not said); the clock's series
+        # spans the optimizers made anew over the run
+        seen = (lrs if t is engine.clock and lrs else []) + ([*t.rates[:2], lr] if t.rates else [])
+        moved = len(seen) > 1 and max(seen) - min(seen) > 1e-6 * max(abs(v) for v in seen)
+        out.append(f"{t.kind} (lr {lr:g}{' after the last step' if moved else ''})")
     if engine.let_go:
         out.append(f"{engine.let_go} optimizer(s) of no model not reported (let go by the run, or stepped before a "
                    "model's optimizer first did)")

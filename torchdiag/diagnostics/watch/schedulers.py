@@ -5,7 +5,11 @@ nothing, since the cuts themselves held the loss flat from the first one on). Wh
 wrapped (ReduceLROnPlateau's own step is not: it cuts on a metric, whenever). Nothing is read from a device."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+import threading
+import warnings
 import weakref
 
 from .clip import ORIGINAL, OWNER, live  # the same marks on a wrapper as clip's
@@ -32,7 +36,8 @@ class SchedulerCalls:
             me = ref()
             if me is not None and not me._closed:
                 me._saw(scheduler)
-            return original(scheduler, *args, **kwargs)
+            with _warnings_past(step.__code__):
+                return original(scheduler, *args, **kwargs)
 
         setattr(step, ORIGINAL, original)
         setattr(step, OWNER, ref)
@@ -70,3 +75,42 @@ class SchedulerCalls:
             LRScheduler.step = live(getattr(self._wrapper, ORIGINAL))   # type: ignore[method-assign]
         self._wrapper = None
 
+
+
+_PAST: set = set()      # code objects of wrappers a warning's stacklevel passes over
+_PATCH = threading.Lock()
+_depth = 0
+
+
+@contextlib.contextmanager
+def _warnings_past(code):
+    """torch's scheduler warnings name their caller (stacklevel=2): with this wrapper between, they named
+    schedulers.py, not the user's sch.step() line (a sweep), and Python's once-per-line filter keyed on ours."""
+    global _depth
+    with _PATCH:
+        _PAST.add(code)
+        if _depth == 0:
+            _warn.real = warnings.warn
+            warnings.warn = _warn
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _PATCH:
+            _depth -= 1
+            if _depth == 0 and warnings.warn is _warn:
+                warnings.warn = _warn.real
+
+
+def _warn(message, category=None, stacklevel=1, source=None, **kwargs):
+    """warnings.warn, counting `stacklevel` frames past the wrappers in _PAST (and past this function)."""
+    frame, level, extra = sys._getframe(1), 1, 0
+    while frame is not None:
+        if frame.f_code in _PAST:
+            extra += 1
+        elif level >= stacklevel:
+            break
+        else:
+            level += 1
+        frame = frame.f_back
+    return _warn.real(message, category, stacklevel + extra + 1, source, **kwargs)

@@ -50,6 +50,7 @@ class Track:
         self.unclocked = 0             # of those, the ones taken while there was no clock at all
         self.last_clip: list = []      # the norms before clipping of its last step, should it be credited with it
         self.last_step = 0             # the run's step when it last stepped (a parameter two tracks hold: the later's)
+        self.rates: tuple[float, float, float] | None = None   # (lowest, highest, last) rate it stepped at
         self.stepped = 0               # its steps, the longest stretch before or between them (the clock's steps),
         self.gap_max = 0               # and the reads since its last step at which a backward had reached its
         self.idle_reads = 0            # parameters (optimizer-idle)
@@ -157,6 +158,7 @@ class Track:
         if old is None:
             return
         self.stepped, self.gap_max, self.last_step, self.sampled = old.stepped, old.gap_max, old.last_step, old.sampled
+        self.rates = old.rates
         opt = self.opt
         if opt is not None and old.main < len(opt.param_groups):   # the same group's rate on: a larger group added
             self.main, self.main_group = old.main, opt.param_groups[old.main]   # read as a decay 0.01 -> 0.001 (a sweep)
@@ -194,6 +196,9 @@ class Track:
         self.gap_max = max(self.gap_max, step - self.last_step)   # from the run's start at its first step
         self.stepped += 1
         self.last_step = step
+        lr = self.lr()   # the rate it stepped at (the header says where the rate now is another)
+        if lr is not None:
+            self.rates = (min(self.rates[0], lr), max(self.rates[1], lr), lr) if self.rates else (lr, lr, lr)
         self.idle_reads = 0
         if self.reached:
             self.reached = set()
