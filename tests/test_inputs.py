@@ -16,6 +16,8 @@ from torchdiag.core.inputs import (
 from torchdiag.core.tracking import run_forward
 from torchdiag.errors import ModelError
 
+from support import one_error_line
+
 
 class TinyBert(nn.Module):
     """BERT's embedding layout: a 1000-word vocabulary, 2 segments, 128 positions."""
@@ -555,6 +557,47 @@ def test_ids_read_by_a_table_per_column_fit_the_smallest_table():
     assert embedding_consumers(TablePerColumn(), inputs, ["input[0]"]) == {"input[0]": ("embs.2", 3)}
 
 
+class NextToken(nn.Module):
+    """x-transformers' AutoregressiveWrapper: the ids rebuilt by torch.where (padding swapped) and cut to the next-token
+    inputs before the token table; a position table of 64 rows is the model's smallest."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(256, 8), nn.Embedding(64, 8)
+
+    def forward(self, x):
+        inp = torch.where(x == -100, 0, x)[:, :-1]
+        return self.tokens(inp) + self.positions(torch.arange(inp.shape[1]))
+
+
+class SharedTable(nn.Module):
+    """FT-Transformer-style categories: 2 reserved rows, then 10, 5 and 6 rows for three columns in one table."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(2 + 10 + 5 + 6, 4)
+        self.register_buffer("offsets", torch.tensor([2, 12, 17]))
+        self.tiny = nn.Embedding(3, 4)   # the smallest table, not what the ids reach
+
+    def forward(self, x):
+        return self.table(x + self.offsets).sum() + self.tiny.weight.sum()
+
+
+def test_ids_made_anew_or_offset_per_column_are_still_found():
+    """A sweep: ids copied by torch.where and cut (x-transformers) were given the position table's 64 rows, not the
+    token table's 256; ids offset per column into one table (FT-Transformer) were not found at all."""
+    from torchdiag.core.inputs import ModelInputs
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (2, 32), generator=g)
+    assert embedding_consumers(NextToken(), ModelInputs((ids,), {}), ["input[0]"]) == {"input[0]": ("tokens", 256)}
+    cols = torch.randint(0, 5, (4, 3), generator=g)
+    # the rows each column can take: 10, 5 and 23 - 17 = 6; every column's ids must fit the narrowest
+    assert embedding_consumers(SharedTable(), ModelInputs((cols,), {}), ["input[0]"]) == {"input[0]": ("table", 5)}
+    one = cols[:1]   # one row: any tensor of its shape would be "the same along the batch", so nothing is said
+    assert embedding_consumers(SharedTable(), ModelInputs((one,), {}), ["input[0]"]) == {}
+
+
 def test_inputs_joined_by_a_comma_are_told_to_take_one_option_each():
     """A sweep: `-i 1x10,1x7` was told only that dimensions are integers joined by 'x'."""
     from torchdiag.errors import UsageError
@@ -562,3 +605,39 @@ def test_inputs_joined_by_a_comma_are_told_to_take_one_option_each():
     with pytest.raises(UsageError) as e:
         parse_input_spec("1x10,1x7:int64")
     assert e.value.hint == "give each input its own -i: -i 1x10 -i 1x7:int64"
+
+
+LOOKUP = '''
+import torch
+import torch.nn as nn
+
+
+class Lookup(nn.Module):
+    """Each id first picks a row of a 5-entry buffer (a per-category map), then the table: ids past 4 fail."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rows", torch.arange(5) * 6)
+        self.table = nn.Embedding(31, 4)
+
+    def forward(self, x):
+        return self.table(self.rows[x])
+
+
+def build():
+    return Lookup()
+'''
+
+
+def test_an_index_error_on_guessed_ids_says_they_were_guessed(cli, tmp_path):
+    """A sweep: FT-Transformer's ids index a buffer before any nn.Embedding; the probe saw no table read them, the
+    smallest table's range was guessed, and the run said only "the model's own code raised" (exit 3). The model runs
+    on ids in its range."""
+    (tmp_path / "lookup.py").write_text(LOOKUP)
+    spec = f"{tmp_path / 'lookup.py'}:build"
+    res = cli("gradflow", spec, "-i", "4x3:int64", "--device", "cpu")
+    assert res.code == 3, res.stderr
+    one_error_line(res)
+    assert ("hint: the integer input values in [0, 31) (smallest nn.Embedding (table: 31)) were torchdiag's guess"
+            in res.stderr), res.stderr
+    assert cli("gradflow", spec, "-i", "4x3:int64[0,5)", "--device", "cpu").code == 0

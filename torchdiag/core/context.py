@@ -199,6 +199,22 @@ class Context:
             instead = "without it (float32)" if p.amp else f"with {amp} instead (autocast keeps such ops in float32)"
             error.hint = (f"the model ran in {p.compute} ({given}); if it runs in float32, an op here has no "
                           f"{p.compute} kernel on {self.device.type} or needs matching dtypes: try {instead}")
+        elif (guessed := self._guessed_ids(error)) is not None:
+            error.hint = (f"the integer input values {guessed} were torchdiag's guess, not a range the model was seen "
+                          "to read; give the range your data has: -i SHAPE:int64[LOW,HIGH) for each integer input")
+
+    def _guessed_ids(self, error) -> str | None:
+        """An index out of bounds in the model's code where torchdiag chose an integer input's values without seeing
+        what reads them (a sweep: FT-Transformer's per-column offsets into a buffer got ids up to 30 of 27 rows, exit
+        3 and "the model's own code raised"): that input's note."""
+        from .tracking import RAISED_HINT
+
+        text = str(getattr(error, "message", ""))
+        if error.hint != RAISED_HINT or not any(k in text for k in ("IndexError", "out of bounds", "index out of range")):
+            return None
+        notes = getattr(self.observed[1], "notes", []) if self.observed else []
+        return next((n.partition("integer values ")[2] for n in notes
+                     if "integer values in [" in n and "consumes it" not in n), None)
 
     def _lr_overflows(self, error) -> bool:
         """The optimizer's step failed because its learning rate does not fit the weights' dtype (a review: SGD at lr

@@ -396,9 +396,12 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
             for key, t in targets.items():
                 if key in found:
                     continue
+                rows = int(mod.num_embeddings)
                 shift = _whole_shift(x, t) if whole else 0 if same_data(x, t) else None
                 if shift is not None or (not whole and key in by_value and _repeated(x, t)):
-                    found[key] = (path[id(mod)], int(mod.num_embeddings) - (shift or 0))
+                    found[key] = (path[id(mod)], rows - (shift or 0))
+                elif not whole and (fits := _derived_rows(x, t, rows)) is not None:
+                    found[key] = (path[id(mod)], fits)
         if len(found) == len(targets):
             raise _ProbeDone
 
@@ -433,6 +436,30 @@ def _one_hots(targets: dict, found: dict):
             return out
 
     return OneHots()
+
+
+def _derived_rows(x, t, rows: int) -> int | None:
+    """The rows of a table of `rows` that t's own ids can take, where x holds t's values made anew: a copy of its
+    first or last positions (x-transformers' next-token inputs, rebuilt by torch.where and cut: their 256 tokens
+    were given a position table's 64), shifted by a constant, or by one per column into one shared table (FT-
+    Transformer's categories: their 27 rows gave column 2, offset by 21, ids up to 30). None: x is not from t."""
+    import torch
+
+    if (x.device != t.device or x.dim() != t.dim() or x.dim() == 0 or x.is_floating_point() or t.is_floating_point()
+            or x.shape[:-1] != t.shape[:-1] or not 2 <= x.shape[-1] <= t.shape[-1] or x.device.type == "meta"):
+        return None
+    n = x.shape[-1]
+    if n < t.shape[-1]:   # a window at either end
+        return rows if any(torch.equal(x.to(torch.int64), w.to(torch.int64)) for w in (t[..., :n], t[..., -n:])) else None
+    d = x.to(torch.int64) - t.to(torch.int64)
+    if bool((d == d.reshape(-1)[0]).all()):
+        return rows - int(d.reshape(-1)[0])
+    columns = d.reshape(-1, n)
+    if columns.shape[0] < 2 or not bool((columns == columns[:1]).all()) or int(columns.min()) < 0:
+        return None   # one row: any x would be "constant along the batch"
+    starts = sorted(set(columns[0].tolist())) + [rows]
+    fits = min(b - a for a, b in zip(starts, starts[1:]))
+    return fits if fits > 0 else None
 
 
 def _whole_shift(x, t) -> int | None:

@@ -280,6 +280,9 @@ def _without_forward(model, name: str):
     return mod if forward is torch.nn.Module.forward else None
 
 
+RAISED_HINT = "the model's own code raised; fix it or the inputs (-i) and run again"
+
+
 def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str = "forward", partial=None) -> ModelError:
     """A ModelError that names the module path, its type and the shapes it received (a GPU's own failure: where
     it surfaced, which need not be where it happened, with errors.device_error's hint)."""
@@ -295,7 +298,7 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg = f"{phase} failed in {where} ({call.type}){shapes}: {one_line(exc)}"
     else:
         msg = f"{phase} failed: {one_line(exc)}"
-    hint = "the model's own code raised; fix it or the inputs (-i) and run again"
+    hint = RAISED_HINT
     if host_out_of_memory(exc):   # the allocator refused, not the model's code (efficientnet_b7 at 3x600x600 under a cap)
         return ModelError(f"out of memory: {msg}", hint=HOST_OOM_HINT, partial=partial)
     model = getattr(tracker, "model", None)
