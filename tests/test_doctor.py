@@ -278,6 +278,41 @@ def test_batchnorm_batch_one_probe_warns_when_batch_is_larger(cli):
     assert m["severity"] == "info" and m["where"] == "bn" and "BatchNorm1d" in m["message"]
 
 
+class _NormThenMean(nn.Module):
+    """StarNet's end: BatchNorm2d over the last feature map, then the mean of its positions, then the head. `act`
+    between them (a ReLU, as in most CNNs) keeps what the sample was."""
+
+    def __init__(self, act: bool, dropout: float = 0.0):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.act = nn.ReLU() if act else nn.Identity()
+        self.drop, self.head = nn.Dropout(dropout), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.drop(self.act(self.bn(self.conv(x))).mean((2, 3))))
+
+
+@pytest.mark.parametrize("act, dropout", [(False, 0.0), (False, 0.5), (True, 0.0)])
+def test_a_batch_of_one_that_erases_the_input_is_a_warning(act, dropout):
+    """A sweep: timm's starnet_s050 in train mode at batch 1 gives the head norm.bias whatever the image (BatchNorm
+    over one sample's positions, then their mean); doctor said "train mode works even with batch size 1". With dropout
+    the pair runs under one seed; with a ReLU between them the sample is kept, and nothing is said."""
+    torch.manual_seed(0)
+    model, x = _NormThenMean(act, dropout), torch.randn(4, 3, 8, 8)
+    with torch.no_grad():   # the premise, in plain torch: one sample at a time, the same output (dropout off)
+        model.train()
+        model.drop.eval()
+        same = torch.allclose(model(x[:1]), model(x[1:2]), atol=1e-6)
+        model.train()
+    assert same != act
+    r = _doctor_findings(model, x)
+    f = [f for f in r.findings if f.code == "batchnorm-batch-1"]
+    if act:
+        assert not f
+        return
+    assert f[0].severity == "warning" and "the output does not depend on the input" in f[0].message, f[0].message
+
+
 def test_nondeterministic_eval_names_the_module(cli):
     r, d = doc(cli, "broken_doctor_nondeterministic.py:build")
     assert r.code == 1

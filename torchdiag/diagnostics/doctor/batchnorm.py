@@ -92,4 +92,47 @@ def bn_batch1_probe(work, inputs, ck: Checklist) -> None:
             return
         ck.row("batchnorm", "skipped", f"batch-1 probe failed for another reason: {one_line(exc, 100)}")
         return
+    erased = _one_sample_erased(work, inputs, batch)
+    if erased is not None:
+        ck.find("batchnorm", "batchnorm-batch-1", "warning", "model",
+                f"with a batch of 1 in train mode (e.g. the last batch of an epoch) the output does not depend on the "
+                f"input: two different samples give outputs within {erased[0]:.2g} of each other (in eval mode they "
+                f"differ by {erased[1]:.3g}): batch statistics over one sample erase it, so such a step trains "
+                "nothing before the BatchNorm that erases it (the gradients there are rounding noise)",
+                "DataLoader(drop_last=True) avoids a last batch of 1; or use GroupNorm/LayerNorm",
+                verdict="a batch of 1 gives the same output for any input in train mode")
+        return
     ck.row("batchnorm", "ok", f"{len(bns)} BatchNorm module(s); train mode works even with batch size 1")
+
+
+def _one_sample_erased(work, inputs, batch: int) -> tuple[float, float] | None:
+    """(largest difference in train mode, in eval mode) where the first two samples, fed one at a time, give the
+    same outputs in train mode and different ones in eval mode: BatchNorm over one sample's positions, then a mean
+    of them (a sweep: timm's starnet_s050 gives the head norm.bias whatever the image, and doctor said ok). Each
+    pair runs under one seed (dropout alike); None when the samples are alike or the outputs cannot be compared."""
+    import torch
+
+    from ...core.recording import float_tensors
+
+    pair = [inputs.map(lambda t, i=i: t[i:i + 1] if t.dim() and t.shape[0] == batch else t) for i in (0, 1)]
+    given = [float_tensors(list(p.tensors())) for p in pair]
+    if not given[0] or all(torch.equal(a, b) for a, b in zip(*given)):
+        return None
+    gaps = []
+    for training in (True, False):
+        work.train(training)
+        outs = []
+        for p in pair:
+            with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(work)):
+                torch.manual_seed(0)
+                outs.append([o.detach().float() for o in float_tensors(p.call(work))])
+        if not outs[0] or [o.shape for o in outs[0]] != [o.shape for o in outs[1]]:
+            return None
+        scale = max(float(o.abs().max()) for o in outs[0] + outs[1] if o.numel())
+        gaps.append(max(float((a - b).abs().max()) for a, b in zip(*outs) if a.numel()) / max(scale, 1e-30))
+    work.train()
+    return (gaps[0], gaps[1]) if gaps[0] <= 1e-5 and gaps[1] > 1e-3 else None
+
+
+def _cuda_devices(model) -> list:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
