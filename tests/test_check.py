@@ -177,10 +177,10 @@ model = "{sample('transformer_lm.py:build')}"
     ('model = "{m}"\n[check]\nmax-params = "1.2.3M"', "is not a number"),
     ('model = "{m}"\n[check]\nmax-params = "0k"', "must be > 0"),
     # a count of parameters is whole (a review: 58.9 was shown as 58, 0.5 was a limit of 0), and said where
-    ('model = "{m}"\n[check]\nmin-trainable-params = 58.9', "min-trainable-params = 58.9 in [tool.torchdiag] of c.toml is not a whole number"),
-    ('model = "{m}"\n[check]\nmax-params = 0.5', "max-params = 0.5 in [tool.torchdiag] of c.toml is not a whole number"),
-    ('model = "{m}"\n[check]\nmax-params = true', "max-params = True in [tool.torchdiag] of c.toml must be a number"),
-    ('model = "{m}"\n[check]\nmax-params = "1.5e0"', "max-params = '1.5e0' in [tool.torchdiag] of c.toml is not a whole"),
+    ('model = "{m}"\n[check]\nmin-trainable-params = 58.9', "min-trainable-params = 58.9 in the check table of [tool.torchdiag] of c.toml is not a whole number"),
+    ('model = "{m}"\n[check]\nmax-params = 0.5', "max-params = 0.5 in the check table of [tool.torchdiag] of c.toml is not a whole number"),
+    ('model = "{m}"\n[check]\nmax-params = true', "max-params = True in the check table of [tool.torchdiag] of c.toml must be a number"),
+    ('model = "{m}"\n[check]\nmax-params = "1.5e0"', "max-params = '1.5e0' in the check table of [tool.torchdiag] of c.toml is not a whole"),
     ('model = "{m}"\n[check]\nnancheck = true\nmax-peak-memory = "lots"', "bad memory size 'lots'"),
 ])
 def test_config_of_the_wrong_type_is_a_usage_error_not_a_crash(cli, tmp_path, monkeypatch, text, words):
@@ -190,6 +190,29 @@ def test_config_of_the_wrong_type_is_a_usage_error_not_a_crash(cli, tmp_path, mo
     assert res.code == 2, res.stderr
     assert words in res.stderr and "internal error" not in res.stderr, res.stderr
     assert res.json["exit_code"] == 2   # the one JSON document is the error document
+
+
+def test_a_top_level_model_no_entry_uses_is_refused(cli, tmp_path, monkeypatch):
+    """A sweep: a model at the top of [tool.torchdiag] beside [[tool.torchdiag.models]] that each name their own was
+    never checked, and nothing said so; one entry without a model takes it as its default and it runs."""
+    monkeypatch.chdir(tmp_path)
+    text = f"""
+[tool.torchdiag]
+model = "{sample('mlp.py:build')}"
+device = "cpu"
+[[tool.torchdiag.models]]
+model = "{sample('cnn.py:build')}"
+inputs = ["2x3x32x32"]
+"""
+    text = text.replace("[[tool", "[tool.torchdiag.check]\nmax-params = \"10M\"\n[[tool", 1)
+    write(tmp_path, text)
+    res = cli("check", "--json")
+    assert res.code == 2 and "mlp.py:build\" at the top of [tool.torchdiag] in pyproject.toml is checked by no entry" in \
+        res.stderr, res.stderr
+    write(tmp_path, text + "[[tool.torchdiag.models]]\nname = \"the default\"\n")
+    res = cli("check", "--json")
+    assert res.code == 0, res.stderr
+    assert [r["model"] for r in res.json["checks"]] == [sample("cnn.py:build"), "the default"], res.json["checks"]
 
 
 def test_typos_are_reported_even_where_the_command_line_overrides(cli, tmp_path):

@@ -1274,3 +1274,63 @@ def test_the_same_loader_measured_twice_far_apart_is_not_called_input_bound():
     findings._input_bound(r, types.SimpleNamespace(training=t, sweep=[Timing(0, batches=10, wait_s=0.19, step_s=0.3,
                                                                              stepped=True), other]))
     assert one(r, "input-bound").severity == "warning"
+
+
+HOSTILE = '''
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class VarLen(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return torch.randn(i + 1), i % 2
+
+
+def varlen_loader():   # a collate that keeps the samples as a list (no batch dimension to stack them on)
+    return DataLoader(VarLen(), batch_size=4, collate_fn=lambda b: ([x for x, _ in b], torch.tensor([y for _, y in b])))
+
+
+class LenRaises(Dataset):
+    def __len__(self):
+        raise TypeError("no len")
+
+    def __getitem__(self, i):
+        return torch.randn(3), 0
+
+
+def len_raises():
+    return LenRaises()
+
+
+def huge_labels():
+    return torch.utils.data.TensorDataset(torch.randn(20, 3), torch.full((20,), 10 ** 15 + 1))
+
+
+def vectors():
+    return torch.utils.data.TensorDataset(torch.randn(20, 3), torch.arange(20) % 2)
+'''
+
+
+def test_hostile_loaders_of_a_sweep(cli, tmp_path):
+    """A sweep: a collate returning a list of samples crashed the label count (exit 4); a __len__ that raises was an
+    internal error (exit 4, it is the user's code: 3); labels past 2^24 were summed in float32 (10**15 + 1 read
+    999999986991104); --images said it wrote grids where no input is an image (nothing written, not even the folder);
+    the same field as input and target gave "OK" with no input read."""
+    (tmp_path / "hostile.py").write_text(HOSTILE)
+    spec = f"{tmp_path}/hostile.py"
+    r = cli("data", f"{spec}:varlen_loader", "--no-speed", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["class_counts"] and sum(c["train"] for c in r.json["class_counts"]) == 20, r.json["class_counts"]
+    r = cli("data", f"{spec}:len_raises", "--no-speed")
+    assert r.code == 3 and "len() of the LenRaises raised TypeError: no len" in r.stderr, r.stderr
+    r = cli("data", f"{spec}:huge_labels", "--no-speed", "--json")
+    (label,) = [f for f in r.json["field_stats"] if f["role"] == "target"]
+    assert label["min"] == label["max"] == label["mean"] == 10 ** 15 + 1, label
+    r = cli("data", f"{spec}:vectors", "--no-speed", "--images", tmp_path / "grids")
+    assert r.code == 0 and "data sample grids: none written: no input field is laid out as images" in r.stderr, r.stderr
+    assert not (tmp_path / "grids").exists()
+    r = cli("data", f"{spec}:vectors", "--no-speed", "--input-field", "[0]", "--target-field", "[0]")
+    assert r.code == 2 and "--target-field: '[0]' is the --input-field too" in r.stderr, r.stderr

@@ -102,6 +102,9 @@ def run(o) -> None:
             for kind, what in (("images", "sample grids"), ("plot", "histograms")):
                 if kind in written:
                     c.err(f"data {what}: {written[kind]}")
+            if o.images and "images" not in written:   # (a sweep: "data sample grids: DIR" with nothing in it)
+                c.err("data sample grids: none written: " + ("--per-class 0 asks for no samples" if o.per_class == 0
+                      else "no input field is laid out as images (C×H×W, H×W×C or H×W a sample)"))
 
     job = c.job("data", o, outputs={"images": o.images, "plot": o.plot}, options=options, precheck=precheck)
 

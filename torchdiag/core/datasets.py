@@ -240,11 +240,16 @@ def rebuild(loader, **changes):
     return DataLoader(loader.dataset, **kw)
 
 
-def _empty(dataset) -> bool:
+def _length(dataset) -> int | None:
+    """len(dataset); None for a map-style Dataset without __len__. A __len__ that raises is the user's code (exit 3),
+    not ours (a sweep: RandomSampler's call to it was an internal error)."""
+    if not hasattr(type(dataset), "__len__"):
+        return None
     try:
-        return len(dataset) == 0
-    except TypeError:   # a map-style Dataset without __len__
-        return False
+        return len(dataset)
+    except Exception as exc:   # noqa: BLE001 - the dataset's own code
+        raise ModelError(f"len() of the {type(dataset).__name__} raised {one_line(exc)}",
+                         hint="the dataset's __len__ must return its number of samples") from exc
 
 
 def loader_for(data: LoadedData, batch_size: int, seed: int = 0):
@@ -256,6 +261,7 @@ def loader_for(data: LoadedData, batch_size: int, seed: int = 0):
     if data.kind == "dataloader" or data.kind == "iterable":
         return data.obj
     g = torch.Generator().manual_seed(seed)
-    if data.kind == "dataset":   # an empty one gives no batch (said by the caller): RandomSampler refuses length 0
-        return DataLoader(data.obj, batch_size=batch_size, shuffle=not _empty(data.obj), generator=g)
+    if data.kind == "dataset":   # an empty one gives no batch (said by the caller): RandomSampler refuses length 0;
+        n = _length(data.obj)     # one without __len__ cannot be shuffled (RandomSampler asks its length)
+        return DataLoader(data.obj, batch_size=batch_size, shuffle=bool(n), generator=g)
     return DataLoader(data.obj, batch_size=batch_size)

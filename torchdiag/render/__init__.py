@@ -23,7 +23,8 @@ def write_outputs(result, out: RenderSpec) -> dict[str, str]:
     if not asked:
         return {}
     writers = get(out.command).renderer_module().WRITERS
-    return {kind: writers[kind](result, path) for kind, path in asked.items()}
+    written = {kind: writers[kind](result, path) for kind, path in asked.items()}
+    return {kind: path for kind, path in written.items() if path}   # "": nothing to write (said by the command)
 
 
 def render(result, out: RenderSpec) -> None:

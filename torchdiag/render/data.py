@@ -56,9 +56,12 @@ def draw(result) -> None:
 
 
 def write_images(result, path) -> str:
-    """samples_<split>.png in folder `path`: one row per class (labelled), sample inputs across; returns the folder."""
+    """samples_<split>.png in folder `path`: one row per class (labelled), sample inputs across; returns the folder,
+    or "" where no split has samples to show (no input laid out as images: nothing written, not even the folder)."""
     from .images import drawn
 
+    if not result.artefacts.get("gallery"):
+        return ""
     drawn(result)
     plt = pyplot()
     folder = Path(path)

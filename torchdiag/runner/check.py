@@ -292,6 +292,14 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
     if entries is not None and not entries:
         raise UsageError(f"[tool.torchdiag] models is empty in {source}", hint="add [[tool.torchdiag.models]] entries")
     # Everything in the file is checked first, even what the command line replaces: a typo is never hidden.
+    if base_check:   # its own errors named by its own table (a sweep: they were said to be in [tool.torchdiag])
+        table_name = f"the check table of [tool.torchdiag] of {source}"
+        _validated_checks(dict(base_check), table_name, table_name)
+    if entries is not None and table.get("model") and all(e.get("model") for e in entries) and not overrides.get("model"):
+        raise UsageError(f'model = "{table["model"]}" at the top of [tool.torchdiag] in {source} is checked by no '
+                         "entry: every [[tool.torchdiag.models]] names its own model",
+                         hint="move it into a [[tool.torchdiag.models]] entry of its own (the top-level model is only a "
+                              "default for entries that name none)")
     file_entries = entries if entries is not None else [{k: v for k, v in table.items() if k in MODEL_KEYS}]
     file_checks = []
     for i, entry in enumerate(file_entries):

@@ -41,6 +41,10 @@ class Options:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise OptionError(name, f"{value!r} is not a field name", hint="e.g. image, label, [0], [1]")
+        if self.input_field is not None and self.input_field == self.target_field:   # (a sweep: no input was read,
+            raise OptionError("target_field", f"{self.target_field!r} is the --input-field too",   # and "OK")
+                              hint="the input and the target are two fields of a batch, e.g. --input-field [0] "
+                                   "--target-field [1]")
         if self.workers is not None:
             if isinstance(self.workers, str):   # "0,2,4" from a config file
                 try:

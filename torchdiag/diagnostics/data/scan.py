@@ -98,6 +98,8 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positi
         for k, batch in enumerate(fetcher):
             parts = batch.parts if isinstance(batch, Ragged) else [batch]
             n = sum(B.batch_size(p) for p in parts)
+            if chunks is not None and not isinstance(batch, Ragged):   # the sampler's count: a collate that returns a
+                n = len(chunks[k])                                      # list of samples has no batch dimension
             idx = chunks[k] if chunks is not None else list(range(pos, pos + n))
             if out.roles is None:
                 out.roles = roles_hint or B.find_roles(parts[0], opts.input_field, opts.target_field, _cli, positional)
@@ -105,7 +107,7 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positi
                 _mark_ragged(out, parts, idx)
             j = 0
             for p in parts:
-                m = B.batch_size(p)
+                m = B.batch_size(p) if len(parts) > 1 else n
                 _feed(out, p, idx[j:j + m], opts, against)
                 j += m
             pos += n

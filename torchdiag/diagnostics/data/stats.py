@@ -65,8 +65,10 @@ class FieldStats:
             self.other_shape, self.other_at = sample, indices[0]
         if t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
             return
-        # float32 work (float64 kept), float64 sums of centred values: no full float64 copy of the batch
-        x = t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float32)
+        # float32 work (float64 kept), float64 sums of centred values: no full float64 copy of an image batch;
+        # 32/64-bit integers (ids, hashed labels) in float64, exact to 2^53 (float32 made 10**15 999999986991104)
+        wide = (torch.float32, torch.float64) if t.is_floating_point() else (torch.int32, torch.int64)
+        x = t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float64 if t.dtype in wide else torch.float32)
         finite = torch.isfinite(x) if x.is_floating_point() else None
         if finite is not None and not bool(finite.all()):
             bad = ~finite.reshape(n, -1).all(dim=1)
@@ -154,7 +156,7 @@ class FieldStats:
         values, counts = torch.unique(flat.to(torch.int64), return_counts=True)
         for v, c in zip(values.tolist(), counts.tolist()):
             self.classes[v] = self.classes.get(v, 0) + c
-        if flat.shape[1] == 1:
+        if flat.shape[1] == 1 and flat.shape[0] == len(indices):   # (a collate's list of samples: rows are not samples)
             column = flat[:, 0].to(torch.int64)
             for v in values.tolist():
                 if v not in self.first_of_class:
