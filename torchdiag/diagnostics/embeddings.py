@@ -34,7 +34,8 @@ class Options:
     def __post_init__(self):
         if not self.layer or not isinstance(self.layer, str):
             raise OptionError("layer", "embeddings needs the module whose output is the embedding",
-                              hint="the module whose output you want to see, e.g. head.0 (paths: `torchdiag summary`)")
+                              hint="the path of the module whose output you want to see, as `torchdiag summary MODEL` "
+                                   "lists it (torchvision's resnet18: avgpool)")
         self.reduce = choice("reduce", self.reduce, REDUCTIONS)
         if hasattr(self.labels, "tolist"):     # a tensor or array, kept torch-free
             self.labels = self.labels.tolist()

@@ -46,7 +46,8 @@ class Options:
         """The one check of the preprocessing options (CLI, Python and check alike), before the model loads."""
         if not self.layer or not isinstance(self.layer, str):
             raise OptionError("layer", "gradcam needs the layer to explain",
-                              hint="the last convolutional layer, e.g. features.3 (paths: `torchdiag summary`)")
+                              hint="the path of its last convolutional layer, as `torchdiag summary MODEL` lists it "
+                                   "(torchvision's resnet18: layer4)")
         if not self.image:
             raise OptionError("image", "gradcam needs an image file",
                               hint="a PNG or JPEG; match the model's preprocessing with size, mean, std and channels")
