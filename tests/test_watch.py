@@ -3607,6 +3607,26 @@ def _pgd_step(model, opt, x, y, k: int = 3) -> float:
     return loss.item()
 
 
+def test_a_head_in_no_optimizer_is_said_when_the_loop_clears_gradients_before_each_read():
+    """A sweep: Lightning's zero_grad(set_to_none=True) before every validation left a head that configure_optimizers
+    forgot unsaid in an 80-step run at every=50: it was adopted as untrained at step 50 with gradients, but they were
+    not recorded then, and at the end they were None."""
+    torch.manual_seed(0)
+    backbone, head = nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 2)   # each called as it is
+    opt = torch.optim.Adam(backbone.parameters(), lr=1e-2)   # the head forgotten
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=50) as w:
+        for _epoch in range(5):
+            for _ in range(16):
+                x, y = _xy(g)
+                opt.zero_grad()
+                F.cross_entropy(head(backbone(x)), y).backward()
+                opt.step()
+            head.zero_grad(set_to_none=True)   # before validation, as Lightning does
+    found = [f for f in w.result().findings if f.code == "not-in-optimizer"]
+    assert found and found[0].severity == "warning" and found[0].where == "head", [f.to_dict() for f in w.result().findings]
+
+
 def test_the_header_says_after_the_last_step_of_each_optimizer_by_its_own_rates():
     """A sweep: the note came from the clock's series for every optimizer. A teacher's Adam at one rate was said
     "(lr 0.01 after the last step)" for the student's schedule, and a ReduceLROnPlateau cut after the last step,

@@ -558,6 +558,7 @@ class Engine:
             if any(p.requires_grad and p.grad is not None and id(p) not in held for p in root.parameters()) \
                     and id(root) not in self._root_handles:
                 self._hook_root(root)
+                unowned = [p for p in root.parameters() if p.requires_grad and p.grad is not None and id(p) not in held]
                 held |= {id(p) for p in root.parameters()}
                 del self.seen_roots[key]
                 # called with grad since then: its gradients are not first "seen" at the read that adopted it (a
@@ -569,6 +570,11 @@ class Engine:
                 # EMA, a copy: a review's DQN target network) is trained, not "never trains"
                 self._untrained[prefix.rstrip(".")] = ([n for n, _ in named], [weakref.ref(p) for _, p in named],
                                                        _sums([p for _, p in named]))
+                # their gradients seen now: a loop that sets them to None before each read and the end (Lightning's
+                # zero_grad before validation) left a head no optimizer held unsaid in runs under 2 * every (a sweep)
+                for n, p in named:
+                    if any(p is q for q in unowned):
+                        self._saw_unowned(n, p, root)
                 # called in eval mode on another model's output: a fixed network put there on purpose (a loss
                 # network); one fed the data itself, in eval, is a part meant to train whose optimizer forgot it
                 if self._seen_eval.get(key) and self._seen_fed.get(key):
