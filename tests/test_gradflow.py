@@ -1983,3 +1983,31 @@ def test_zeros_a_float16_gradient_underflows_to_are_said_to_be_maybe_small():
     assert half.exit_code == 0 and "in float16 a gradient under 6e-08 is 0" in f.message, f.message
     full = api_run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy)
     assert not [f for f in full.findings if "in float16" in f.message]
+
+
+def _bn_block(i, o):
+    return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+
+
+class _PooledAfterNorm(nn.Module):
+    """Convolutions, then a BatchNorm whose output is mean-pooled (starnet's end): at a batch of 1 in train mode the
+    pooled features are the norm's bias, so the body's gradients are rounding noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(_bn_block(3, 8), _bn_block(8, 8), _bn_block(8, 8))
+        self.conv, self.bn, self.head = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.bn(self.conv(self.body(x))).mean((2, 3)))
+
+
+def test_vanishing_gradients_at_a_batch_of_one_through_batchnorm_name_the_batch():
+    """A sweep: gradflow timm:starnet_s050 -i 1x3x224x224 warned vanishing-grad on 101 tensors with the hint
+    "saturating activations, depth without residuals/normalisation, or tiny initialisation"; the batch of 1 is it."""
+    torch.manual_seed(0)
+    model = _PooledAfterNorm()
+    vanishing = [f for f in api_run("gradflow", model, torch.randn(1, 3, 8, 8)).findings if f.code == "vanishing-grad"]
+    assert vanishing and all(f.hint.startswith("the batch is 1: BatchNorm in train mode") for f in vanishing)
+    x = torch.randn(4, 3, 8, 8)
+    assert not [f for f in api_run("gradflow", model, x).findings if f.code == "vanishing-grad"]   # the premise

@@ -95,6 +95,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                 f.hint = (f"the loss itself is {stats.loss:.3g}: a target of a large scale (an unstandardised "
                           f"regression target) makes every gradient large; standardise it first. Else: {f.hint}")
     _steep_dropout(model, result, opts)
+    _batch_of_one(model, inputs, result, opts)
     if not math.isfinite(stats.loss):
         bad = sum(1 for r in rows if r["nan"] or r["inf"])
         got = sum(1 for r in rows if r["grad_norm"] is not None)
@@ -125,6 +126,22 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if acts:
         result.summary.append(display.activation_line(acts, opts))
     return result
+
+
+def _batch_of_one(model, inputs, result: Result, opts: Options) -> None:
+    """Vanishing gradients at a batch of 1 through BatchNorm in train mode: its statistics come from one sample, which
+    can leave the loss nearly independent of the input (a sweep: timm's starnet_s050 at -i 1x3x224x224 had 101 tensors
+    of rounding noise, told "saturating activations, depth ..., or tiny initialisation")."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    if opts.eval_mode or getattr(inputs, "batch_size", None) != 1 or not any(
+            isinstance(m, _BatchNorm) for m in model.modules()):
+        return
+    for f in result.findings:
+        if f.code == "vanishing-grad":
+            f.hint = ("the batch is 1: BatchNorm in train mode takes its statistics from that one sample, which can "
+                      "erase what the sample was (doctor says when it does); run with a batch of 2 or more (-i 2x...). "
+                      f"Else: {f.hint}")
 
 
 def _follow_cut_outputs(model, inputs, rows, pas, ctx, train: bool) -> None:
