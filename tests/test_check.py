@@ -207,7 +207,7 @@ inputs = ["2x3x32x32"]
     text = text.replace("[[tool", "[tool.torchdiag.check]\nmax-params = \"10M\"\n[[tool", 1)
     write(tmp_path, text)
     res = cli("check", "--json")
-    assert res.code == 2 and "mlp.py:build\" at the top of [tool.torchdiag] in pyproject.toml is checked by no entry" in \
+    assert res.code == 2 and "mlp.py:build\" at the top of [tool.torchdiag] in pyproject.toml is a default no entry uses" in \
         res.stderr, res.stderr
     write(tmp_path, text + "[[tool.torchdiag.models]]\nname = \"the default\"\n")
     res = cli("check", "--json")

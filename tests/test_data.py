@@ -1311,6 +1311,21 @@ def huge_labels():
 
 def vectors():
     return torch.utils.data.TensorDataset(torch.randn(20, 3), torch.arange(20) % 2)
+
+
+class Gappy(Dataset):
+    """Every 4th sample is None (corrupt), the loader's collate drops them and class 0."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return None if i % 4 == 0 else (torch.full((3,), float(i)), i % 3)
+
+
+def dropping():
+    keep = lambda b: torch.utils.data.default_collate([s for s in b if s is not None and s[1] != 0])  # noqa: E731
+    return DataLoader(Gappy(), batch_size=8, collate_fn=keep)
 '''
 
 
@@ -1334,3 +1349,8 @@ def test_hostile_loaders_of_a_sweep(cli, tmp_path):
     assert not (tmp_path / "grids").exists()
     r = cli("data", f"{spec}:vectors", "--no-speed", "--input-field", "[0]", "--target-field", "[0]")
     assert r.code == 2 and "--target-field: '[0]' is the --input-field too" in r.stderr, r.stderr
+    # a review: a collate that drops samples keeps its own count (20 of 40: 10 None, then class 0 of the rest), and
+    # the worker check collates with the loader's own collate (default_collate([None]) was an internal error)
+    r = cli("data", f"{spec}:dropping", "--json", "--no-sweep", "--batches", "2")
+    assert r.code == 0, r.stderr
+    assert r.json["splits"]["train"]["samples"] == 20, r.json["splits"]

@@ -237,8 +237,8 @@ def test_check_allow_globs_do_not_accept_data_errors(cli, tmp_path):
 
 @pytest.mark.parametrize("data, said", [
     ('spec = "x.py:train", sampels = 3', "unknown key 'sampels' in data in the check table of [tool.torchdiag] of"),
-    ('val = "x.py:val"', "data in [tool.torchdiag] of"),
-    ('spec = "x.py:train", batch-size = 0', "data batch-size: must be ≥ 1, got 0 in [tool.torchdiag]"),
+    ('val = "x.py:val"', "data in the check table of [tool.torchdiag] of"),
+    ('spec = "x.py:train", batch-size = 0', "data batch-size: must be ≥ 1, got 0 in the check table of [tool.torchdiag]"),
     ('spec = "x.py:train", with-model = "yes"', "data with-model = 'yes' in"),
 ])
 def test_check_data_table_refused_by_name_before_loading(cli, tmp_path, data, said):

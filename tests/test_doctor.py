@@ -313,6 +313,17 @@ def test_a_batch_of_one_that_erases_the_input_is_a_warning(act, dropout):
     assert f[0].severity == "warning" and "the output does not depend on the input" in f[0].message, f[0].message
 
 
+def test_your_own_batch_of_one_that_erases_the_input_is_an_error():
+    """A sweep: mobilevitv2 at -i 1x3x256x256 had "train-mode forward works with batch size 1", then param-not-updated
+    errors blaming a gate or dtype: at that batch the output does not depend on the input. The sample and a perturbed
+    copy are compared; with a ReLU between norm and mean the row stays ok."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    f = [f for f in _doctor_findings(_NormThenMean(act=False), x).findings if f.code == "batchnorm-batch-1"]
+    assert f and f[0].severity == "error" and "at your batch size of 1" in f[0].message, [g.to_dict() for g in f]
+    assert not [f for f in _doctor_findings(_NormThenMean(act=True), x).findings if f.code == "batchnorm-batch-1"]
+
+
 def test_nondeterministic_eval_names_the_module(cli):
     r, d = doc(cli, "broken_doctor_nondeterministic.py:build")
     assert r.code == 1

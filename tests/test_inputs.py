@@ -641,3 +641,30 @@ def test_an_index_error_on_guessed_ids_says_they_were_guessed(cli, tmp_path):
     assert ("hint: the integer input values in [0, 31) (smallest nn.Embedding (table: 31)) were torchdiag's guess"
             in res.stderr), res.stderr
     assert cli("gradflow", spec, "-i", "4x3:int64[0,5)", "--device", "cpu").code == 0
+
+
+HEADS = '''
+import torch
+import torch.nn as nn
+
+
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleList([nn.Linear(4, 2), nn.Linear(4, 2)])
+
+    def forward(self, x, k):
+        return self.heads[3](x) + k.sum()
+
+
+def build():
+    return Heads()
+'''
+
+
+def test_an_index_error_of_the_models_own_list_is_not_blamed_on_guessed_ids(cli, tmp_path):
+    """A review: heads[3] of a ModuleList of 2 raised "index 3 is out of range" whatever the ids hold, and the hint
+    said the guessed ids were the cause."""
+    (tmp_path / "heads.py").write_text(HEADS)
+    res = cli("summary", f"{tmp_path / 'heads.py'}:build", "-i", "2x4", "-i", "2x3:int64", "--device", "cpu")
+    assert res.code == 3 and "hint: the model's own code raised" in res.stderr, res.stderr

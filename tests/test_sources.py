@@ -113,6 +113,16 @@ def test_hf_folder_reads_what_from_pretrained_reads(tmp_path, cli):
     assert r.code == 0, r.stderr
     assert "model.safetensors.index.json, step100.safetensors in the folder not read (from_pretrained reads model.safetensors" in r.json["source"], r.json["source"]
     assert transformers.GPT2LMHeadModel.from_pretrained(folder).transformer.h[1].mlp.c_fc.weight.eq(0.25).all()
+    # --checkpoint replaces the folder's weights: those are the ones not read (a review: the file given was)
+    r = cli("summary", f"hf:{folder}", "--checkpoint", folder / "model.safetensors", "--json")
+    assert "model.safetensors.index.json, step100.safetensors in the folder not read (--checkpoint given)" in \
+        r.json["source"], r.json["source"]
+    # a PEFT adapter alone is never read as the model's weights (its lora keys do not fit: exit 2)
+    for f in list(folder.glob("*.safetensors*")):
+        f.unlink()
+    save_file({"base_model.model.lm_head.lora_A.weight": torch.zeros(2, 32)}, str(folder / "adapter_model.safetensors"))
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0 and "adapter_model.safetensors in the folder not read" in r.json["source"], r.stderr
 
 
 def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):

@@ -10,6 +10,7 @@ EMBEDDING_IDS = 100        # + the input's index: integer ids drawn below their 
 FRESH_BATCHES = 1000       # + the batch's index: gradflow's dead-unit re-check batches
 OTHER_DRAWS = 2000         # + k: gradflow's k-th other draw of the RNG for parameters without a gradient
 KEYWORD_IDS = 3000         # + k: the k-th keyword input of token ids a source's default layout made all zeros
+SECOND_SAMPLE = 4000       # the noise that makes doctor's second sample from a batch of 1 (batch-1 erasure probe)
 
 
 def decoder_ids(seed: int) -> int:
@@ -39,3 +40,9 @@ def fresh_batch(seed: int, k: int) -> int:
 def other_draw(seed: int, k: int) -> int:
     """The k-th other draw of gradflow's re-check of parameters the judged pass gave no gradient."""
     return seed + OTHER_DRAWS + k
+
+
+def second_sample(seed: int) -> int:
+    """The noise added to a batch's one sample to make a second (not the base stream: random inputs drawn from it
+    would make the noise a copy of the sample, and the pair collinear, which BatchNorm cannot tell apart)."""
+    return seed + SECOND_SAMPLE

@@ -277,10 +277,11 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
 
     source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
-    source.header["source"] += _unread_weights(folder, source.weights)
+    source.header["unread"] = _unread_weights(folder, source.weights)   # said by core.context (--checkpoint or not)
     if not source.weights:
         where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
-        source.header["source"] += f"; no *.safetensors in {where}: random weights" + _pickled_weights(folder)
+        none = "no model weights (*.safetensors)" if source.header["unread"] else "no *.safetensors"
+        source.header["source"] += f"; {none} in {where}: random weights" + _pickled_weights(folder)
     _hf_inputs(config, path, source, cls)
     return source
 
@@ -400,20 +401,20 @@ def _hf_weights(folder: str) -> list[str]:
     for name in ("model.safetensors", "model.safetensors.index.json"):
         if os.path.isfile(os.path.join(folder, name)):
             return [os.path.join(folder, name)]
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+    # a PEFT adapter is never the model's weights (a review: its lora_A keys were read as the model's, exit 2)
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors") and not _adapter(f))
 
 
-def _unread_weights(folder: str, weights: list[str]) -> str:
-    """The other *.safetensors files beside the weights read, said so that a step's file is not taken as loaded."""
+def _adapter(name: str) -> bool:
+    return name.startswith("adapter_model")
+
+
+def _unread_weights(folder: str, weights: list[str]) -> list[str]:
+    """The other *.safetensors files beside the weights read (names), said so that a step's file is not taken as
+    loaded."""
     read = {os.path.basename(w) for w in weights}
-    if read.isdisjoint({"model.safetensors", "model.safetensors.index.json"}):
-        return ""
-    others = sorted(f for f in os.listdir(folder) if (f.endswith(".safetensors") or f.endswith(".safetensors.index.json"))
-                    and f not in read and not _a_shard(f))
-    if not others:
-        return ""
-    return (f"; {', '.join(others[:3])}{', ...' if len(others) > 3 else ''} in the folder not read "
-            f"(from_pretrained reads {', '.join(sorted(read))}; --checkpoint FILE reads another)")
+    return sorted(f for f in os.listdir(folder) if (f.endswith(".safetensors") or f.endswith(".safetensors.index.json"))
+                  and f not in read and not _a_shard(f))
 
 
 def _a_shard(name: str) -> bool:

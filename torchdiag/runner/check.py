@@ -296,8 +296,8 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
         table_name = f"the check table of [tool.torchdiag] of {source}"
         _validated_checks(dict(base_check), table_name, table_name)
     if entries is not None and table.get("model") and all(e.get("model") for e in entries) and not overrides.get("model"):
-        raise UsageError(f'model = "{table["model"]}" at the top of [tool.torchdiag] in {source} is checked by no '
-                         "entry: every [[tool.torchdiag.models]] names its own model",
+        raise UsageError(f'model = "{table["model"]}" at the top of [tool.torchdiag] in {source} is a default no entry '
+                         "uses: every [[tool.torchdiag.models]] names its own model",
                          hint="move it into a [[tool.torchdiag.models]] entry of its own (the top-level model is only a "
                               "default for entries that name none)")
     file_entries = entries if entries is not None else [{k: v for k, v in table.items() if k in MODEL_KEYS}]

@@ -98,8 +98,8 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positi
         for k, batch in enumerate(fetcher):
             parts = batch.parts if isinstance(batch, Ragged) else [batch]
             n = sum(B.batch_size(p) for p in parts)
-            if chunks is not None and not isinstance(batch, Ragged):   # the sampler's count: a collate that returns a
-                n = len(chunks[k])                                      # list of samples has no batch dimension
+            if chunks is not None and not isinstance(batch, Ragged) and _samples_listed(batch, len(chunks[k])):
+                n = len(chunks[k])
             idx = chunks[k] if chunks is not None else list(range(pos, pos + n))
             if out.roles is None:
                 out.roles = roles_hint or B.find_roles(parts[0], opts.input_field, opts.target_field, _cli, positional)
@@ -122,6 +122,14 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positi
         out.seconds = time.perf_counter() - t0
         fetcher.close()
         cleanup()
+
+
+def _samples_listed(batch, drawn: int) -> bool:
+    """The batch's fields disagree on their leading size and one of them is the sampler's count: a collate that keeps
+    the samples as a list (variable lengths), whose first field is one sample, not the batch (a sweep: 5 samples of
+    20 read). A collate that drops samples (every field 6 of 8 drawn) keeps its own count (a review)."""
+    sizes = {int(t.shape[0]) for _, t in B.flatten(batch) if t.dim()}
+    return len(sizes) > 1 and drawn in sizes
 
 
 def _cli(name: str) -> str:

@@ -65,29 +65,39 @@ def _same(a, b) -> bool:
     return len(fa) == len(fb) and all(x.shape == y.shape and torch.equal(x, y) for (_, x), (_, y) in zip(fa, fb))
 
 
+def _collates(collate, sample) -> bool:
+    try:
+        collate([sample])
+    except Exception:   # noqa: BLE001 - a sample default_collate cannot take (None): the loader's own is asked
+        return False
+    return True
+
+
 def workers_repeat(dataset, loader, timeout: float) -> dict | None:
     """Behaviour, not source: when dataset[0] differs between two calls here (random augmentation), load it
     in two workers, twice (two epochs, fresh workers). Identical samples across workers or epochs mean every
     worker starts from the same random state: a generator the dataset owns (created in __init__) is copied
     into each worker, while torch seeds only `random`, torch and numpy's global RNG per worker."""
     from torch.utils.data import DataLoader
+    from torch.utils.data._utils.collate import default_collate
 
     from ...core.fetch import guarded
     from .scan import SafeCollate
 
+    # the loader's own collate (a review: a Dataset returning None for bad samples, its collate dropping them, was
+    # an internal error in default_collate); a sample it cannot collate alone says nothing here
     try:
         a, b = dataset[0], dataset[0]
-    except Exception:
+        collate = default_collate if _collates(default_collate, a) else getattr(loader, "collate_fn", None)
+        if collate is None or _same(collate([a]), collate([b])):
+            return None          # deterministic per index: nothing to repeat
+    except Exception:   # noqa: BLE001 - the user's dataset or collate: the scan reports its failures
         return None
-    from torch.utils.data._utils.collate import default_collate
-
-    if _same(default_collate([a]), default_collate([b])):
-        return None          # deterministic per index: nothing to repeat
     epochs = []
     ctx = loader.multiprocessing_context if loader is not None else None
     init = loader.worker_init_fn if loader is not None else None
     for _ in range(2):
-        dl = DataLoader(dataset, batch_size=1, sampler=[0, 0], num_workers=2, collate_fn=SafeCollate(default_collate),
+        dl = DataLoader(dataset, batch_size=1, sampler=[0, 0], num_workers=2, collate_fn=SafeCollate(collate),
                         multiprocessing_context=ctx, worker_init_fn=init)
         fetcher, cleanup = guarded(dl, timeout, label="the worker randomness check")
         try:

@@ -32,7 +32,7 @@ from ...core.input_scale import weighted_inputs
 from ...core.tracking import ModuleTracker, describe, forward_error
 from ...errors import ModelError, one_line
 from ...results import Column, Result, Table
-from .batchnorm import bn_batch1_probe
+from .batchnorm import bn_batch1_probe, one_sample_erased
 from .checklist import VALUE_CHECKS, Checklist, verdict
 from .determinism import check_determinism
 from .device_meta import check_device_meta
@@ -119,17 +119,19 @@ def _has_values(model, inputs, ctx) -> bool:
 
 def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result, gate=None) -> None:
     ready = _eval_checks(work, inputs, ctx, loss, main_dtype, ck, result)
+    # on the weights as given, before the training checks move them (a trained copy's units can die)
+    erased = one_sample_erased(work, inputs) if ready is not None else None
     if gate is not None and gate.cross(ready is None):
         if ready is not None:   # a peer stopped before the training checks: this rank runs them unwrapped
             train_checks(Probe(work, inputs, ctx, ready[1], ck, result, eval_out=ready[0]))
-            _after_training(work, inputs, ready[1], ck, result)
+            _after_training(work, inputs, ready[1], ck, result, erased)
         return
     if ready is None:
         return
     eval_out, train_loss = ready
     wrapped = make_wrapped(work, ctx, result) if gate is not None else None
     train_checks(Probe(work, inputs, ctx, train_loss, ck, result, eval_out=eval_out, wrapped=wrapped))
-    _after_training(work, inputs, train_loss, ck, result)
+    _after_training(work, inputs, train_loss, ck, result, erased)
 
 
 def _eval_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result):
@@ -151,10 +153,10 @@ def _eval_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Res
     return eval_out, train_loss
 
 
-def _after_training(work, inputs, train_loss, ck: Checklist, result: Result) -> None:
+def _after_training(work, inputs, train_loss, ck: Checklist, result: Result, erased=None) -> None:
     if train_loss.chosen:
         result.header["loss"] = train_loss.describe()
-    bn_batch1_probe(work, inputs, ck)
+    bn_batch1_probe(work, inputs, ck, erased)
 
 
 def _eval_forward(work, inputs, ctx, ck: Checklist, result: Result):

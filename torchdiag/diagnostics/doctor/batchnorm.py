@@ -1,8 +1,10 @@
-"""batchnorm-batch-1: BatchNorm computing batch statistics over one value per channel raises. An error
-when the given batch fails in train mode; a warning when a batch of 1 would (the last batch of an
-epoch), found by a probe. The fact is the failing module and what it received, never the error text."""
+"""batchnorm-batch-1: BatchNorm computing batch statistics over one value per channel raises, or over one sample
+erases what the sample was (the output the same for any input). An error when the given batch does so in train mode;
+a warning when a batch of 1 would (the last batch of an epoch), found by probes. The fact is the failing module and
+what it received, or the outputs compared, never the error text."""
 from __future__ import annotations
 
+from ...core.seeds import second_sample
 from ...core.tracking import ModuleTracker
 from ...errors import one_line
 from .checklist import Checklist
@@ -62,7 +64,8 @@ def two_samples(inputs, seed: int):
     return inputs.map(two)
 
 
-def bn_batch1_probe(work, inputs, ck: Checklist) -> None:
+def bn_batch1_probe(work, inputs, ck: Checklist, erased: tuple[float, float] | None = None) -> None:
+    """`erased`: one_sample_erased on the weights as given (before the training checks)."""
     import torch
 
     bns = bn_modules(work)
@@ -73,6 +76,14 @@ def bn_batch1_probe(work, inputs, ck: Checklist) -> None:
         ck.row("batchnorm", "ok", "no BatchNorm modules")
         return
     if batch is None or batch <= 1:
+        if erased is not None:   # the user's own batch (a sweep: mobilevitv2 at -i 1x... said "ok", then failed on
+            ck.find("batchnorm", "batchnorm-batch-1", "error", "model",   # param-not-updated, blaming a gate)
+                    f"at your batch size of 1 in train mode the output does not depend on the input: {_gaps(erased)}: "
+                    "BatchNorm's statistics over one sample erase it, so a step trains nothing before that BatchNorm "
+                    "(the gradients there are rounding noise)",
+                    "train with batches of 2 or more; or use GroupNorm/LayerNorm",
+                    verdict="a batch of 1 gives the same output for any input in train mode")
+            return
         ck.row("batchnorm", "ok", f"train-mode forward works with batch size {batch}")
         return
     work.train()
@@ -92,28 +103,64 @@ def bn_batch1_probe(work, inputs, ck: Checklist) -> None:
             return
         ck.row("batchnorm", "skipped", f"batch-1 probe failed for another reason: {one_line(exc, 100)}")
         return
-    erased = _one_sample_erased(work, inputs, batch)
     if erased is not None:
         ck.find("batchnorm", "batchnorm-batch-1", "warning", "model",
                 f"with a batch of 1 in train mode (e.g. the last batch of an epoch) the output does not depend on the "
-                f"input: two different samples give outputs within {erased[0]:.2g} of each other (in eval mode they "
-                f"differ by {erased[1]:.3g}): batch statistics over one sample erase it, so such a step trains "
-                "nothing before the BatchNorm that erases it (the gradients there are rounding noise)",
+                f"input: {_gaps(erased)}: BatchNorm's statistics over one sample erase it, so such a step trains "
+                "nothing before that BatchNorm (the gradients there are rounding noise)",
                 "DataLoader(drop_last=True) avoids a last batch of 1; or use GroupNorm/LayerNorm",
                 verdict="a batch of 1 gives the same output for any input in train mode")
         return
     ck.row("batchnorm", "ok", f"{len(bns)} BatchNorm module(s); train mode works even with batch size 1")
 
 
-def _one_sample_erased(work, inputs, batch: int) -> tuple[float, float] | None:
-    """(largest difference in train mode, in eval mode) where the first two samples, fed one at a time, give the
-    same outputs in train mode and different ones in eval mode: BatchNorm over one sample's positions, then a mean
-    of them (a sweep: timm's starnet_s050 gives the head norm.bias whatever the image, and doctor said ok). Each
-    pair runs under one seed (dropout alike); None when the samples are alike or the outputs cannot be compared."""
+def _gaps(erased: tuple[float, float]) -> str:
+    return (f"two different samples fed one at a time give outputs within {erased[0]:.2g} of each other, where in "
+            f"eval mode they differ by {erased[1]:.3g}")
+
+
+ERASED = 1e-3   # the train-mode difference at most this share of the eval-mode one: the input is gone
+
+
+def one_sample_erased(work, inputs) -> tuple[float, float] | None:
+    """_erased with the model's BatchNorm statistics, mode and parameters as they were (the train-mode forwards move
+    running statistics); None without BatchNorm or a batch size."""
+    import torch
+
+    batch = inputs.batch_size
+    if not bn_modules(work) or not batch:
+        return None
+    kept = {k: v.detach().clone() for k, v in work.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)}
+    modes = {m: m.training for m in work.modules()}
+    try:
+        return _erased(work, inputs, batch)
+    except Exception:   # noqa: BLE001 - the probe's forwards failing says nothing here (the batch-1 forward is asked)
+        return None
+    finally:
+        with torch.no_grad():
+            for k, v in work.state_dict(keep_vars=True).items():
+                if k in kept:
+                    v.copy_(kept[k])
+        for m, training in modes.items():
+            m.training = training
+
+
+def _erased(work, inputs, batch: int) -> tuple[float, float] | None:
+    """(largest difference in train mode, in eval mode) where two samples, fed one at a time, give outputs in train
+    mode that differ by ERASED of what they do in eval mode or less: BatchNorm over one sample's positions, then a
+    mean of them (a sweep: timm's starnet_s050 gives the head norm.bias whatever the image, and doctor said ok).
+    Against eval mode, not the outputs' size: a freshly built model's outputs may be ~1e-8 throughout (a sweep's
+    mobilevitv2). The first two samples, or for a batch of 1 the sample and a perturbed copy. Each pair runs under
+    one seed (dropout alike); None when the samples are alike or the outputs cannot be compared."""
     import torch
 
     from ...core.recording import float_tensors
 
+    if batch == 1:
+        inputs, batch = two_samples(inputs, second_sample(0)), 2
+        if inputs is None:
+            return None
     pair = [inputs.map(lambda t, i=i: t[i:i + 1] if t.dim() and t.shape[0] == batch else t) for i in (0, 1)]
     given = [float_tensors(list(p.tensors())) for p in pair]
     if not given[0] or all(torch.equal(a, b) for a, b in zip(*given)):
@@ -126,12 +173,13 @@ def _one_sample_erased(work, inputs, batch: int) -> tuple[float, float] | None:
             with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(work)):
                 torch.manual_seed(0)
                 outs.append([o.detach().float() for o in float_tensors(p.call(work))])
-        if not outs[0] or [o.shape for o in outs[0]] != [o.shape for o in outs[1]]:
+        if not outs[0] or [o.shape for o in outs[0]] != [o.shape for o in outs[1]] or not all(
+                bool(torch.isfinite(o).all()) for o in outs[0] + outs[1]):
             return None
-        scale = max(float(o.abs().max()) for o in outs[0] + outs[1] if o.numel())
-        gaps.append(max(float((a - b).abs().max()) for a, b in zip(*outs) if a.numel()) / max(scale, 1e-30))
-    work.train()
-    return (gaps[0], gaps[1]) if gaps[0] <= 1e-5 and gaps[1] > 1e-3 else None
+        gaps.append(max((float((a - b).abs().max()) for a, b in zip(*outs) if a.numel()), default=0.0))
+        scale = max((float(o.abs().max()) for o in outs[0] + outs[1] if o.numel()), default=0.0)
+    # in eval mode the samples must differ beyond rounding (outputs read from the input at all: a zero head's do not)
+    return (gaps[0], gaps[1]) if gaps[1] > 1e-4 * scale and gaps[0] <= ERASED * gaps[1] else None
 
 
 def _cuda_devices(model) -> list:
