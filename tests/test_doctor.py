@@ -324,6 +324,35 @@ def test_your_own_batch_of_one_that_erases_the_input_is_an_error():
     assert not [f for f in _doctor_findings(_NormThenMean(act=True), x).findings if f.code == "batchnorm-batch-1"]
 
 
+class _TextNormThenMean(nn.Module):
+    """Ids through an embedding, a Conv1d, BatchNorm1d, then the mean over time (a text CNN's end)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.conv = nn.Embedding(100, 8), nn.Conv1d(8, 8, 3, padding=1)
+        self.bn, self.head = nn.BatchNorm1d(8), nn.Linear(8, 2)
+
+    def forward(self, ids):
+        return self.head(self.bn(self.conv(self.emb(ids).transpose(1, 2))).mean(2))
+
+
+@pytest.mark.parametrize("case", ["ids", "no-running-stats", "bfloat16"])
+def test_the_erasure_is_found_for_ids_without_running_stats_and_in_bfloat16(case):
+    """A review: integer inputs were skipped (only float samples compared), a BatchNorm without running statistics
+    erases in eval mode too (the reference then), and bfloat16's rounding sat above a float32 threshold."""
+    torch.manual_seed(0)
+    if case == "ids":
+        model, x = _TextNormThenMean(), torch.randint(0, 100, (4, 20))
+    else:
+        model, x = _NormThenMean(act=False), torch.randn(4, 3, 8, 8)
+        if case == "no-running-stats":
+            model.bn = nn.BatchNorm2d(8, track_running_stats=False)
+        else:
+            model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    f = [f for f in _doctor_findings(model, x).findings if f.code == "batchnorm-batch-1"]
+    assert f and "the output does not depend on the input" in f[0].message, [g.to_dict() for g in f]
+
+
 def test_nondeterministic_eval_names_the_module(cli):
     r, d = doc(cli, "broken_doctor_nondeterministic.py:build")
     assert r.code == 1

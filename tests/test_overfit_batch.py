@@ -2016,3 +2016,39 @@ def test_a_zero_gate_is_no_cause_when_the_loss_went_non_finite_first():
     res = api_run("overfit-batch", model, (x,), target=y, loss=nn.functional.cross_entropy, dtype="float16", steps=20)
     assert [f.code for f in res.findings] == ["non-finite-loss", "cannot-overfit"], [f.code for f in res.findings]
     assert any("too few steps to tell a zero-initialised gate" in n and "1.fc.weight" in n for n in res.notes)
+
+
+def test_a_run_from_a_trained_checkpoint_that_stops_at_the_batchs_floor_says_so(cli, tmp_path):
+    """A new user's GPT from its checkpoint: cannot-overfit at 0.0169 x a start of 0.65 (two contexts alike with
+    different next tokens: a floor), hinted only "more --steps or another --lr". Here two samples are one input with
+    targets 0 and 1 (a floor of 2 ln 2 / 12 on the mean), and the checkpoint is the model trained to near that floor."""
+    (tmp_path / "twins.py").write_text(textwrap.dedent("""
+        import torch
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+        def one_batch():
+            g = torch.Generator().manual_seed(3)
+            x = torch.randn(12, 4, generator=g)
+            x[1] = x[0]
+            y = torch.arange(12) % 2
+            return x, y
+    """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import twins
+    finally:
+        sys.path.remove(str(tmp_path))
+    model, (x, y) = twins.build(), twins.one_batch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(1500):   # trained: the loss at its floor, 2 ln 2 / 12 = 0.1155
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    floor = 2 * math.log(2) / 12   # each of the twins: ln 2
+    assert F.cross_entropy(model(x), y).item() < 1.2 * floor   # the premise
+    torch.save(model.state_dict(), tmp_path / "trained.pt")
+    d = cli("overfit-batch", f"{tmp_path}/twins.py:build", "--batch", f"{tmp_path}/twins.py:one_batch",
+            "--checkpoint", tmp_path / "trained.pt", "--steps", "200", "--json")
+    hints = [f.get("hint", "") for f in d.json["findings"] if f["code"] in ("cannot-overfit", "flat-loss")]
+    assert any("the run started from --checkpoint at a loss of" in h for h in hints), d.json["findings"]

@@ -125,11 +125,23 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positi
 
 
 def _samples_listed(batch, drawn: int) -> bool:
-    """The batch's fields disagree on their leading size and one of them is the sampler's count: a collate that keeps
-    the samples as a list (variable lengths), whose first field is one sample, not the batch (a sweep: 5 samples of
-    20 read). A collate that drops samples (every field 6 of 8 drawn) keeps its own count (a review)."""
+    """A collate that keeps the samples as a list (variable lengths; torchvision's detection collate, tuple(zip(*b))),
+    whose first field is one sample, not the batch (a sweep: 5 samples of 20 read; a review: a detection loader's 3
+    channels counted as 3 samples): a list or tuple below the top of the batch with as many items as the sampler
+    drew, or fields that disagree on their leading size with the drawn count among them. A collate that drops
+    samples (every field 6 of 8 drawn) keeps its own count (a review)."""
     sizes = {int(t.shape[0]) for _, t in B.flatten(batch) if t.dim()}
-    return len(sizes) > 1 and drawn in sizes
+    return (len(sizes) > 1 and drawn in sizes) or _listed(batch, drawn, top=True)
+
+
+def _listed(obj, drawn: int, top: bool = False) -> bool:
+    if isinstance(obj, dict):
+        return any(_listed(v, drawn) for v in obj.values())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        if not top and len(obj) == drawn and drawn > 1:
+            return True
+        return any(_listed(v, drawn) for v in obj)
+    return False
 
 
 def _cli(name: str) -> str:

@@ -273,7 +273,8 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
             (initial - best) <= FLAT_REL * abs(initial) and curve.nonfinite_at is None and _never_moved(curve, initial):
         found += 1
         result.add("flat-loss", "warning", "", f"the loss is flat from the start: best {best:.6g} vs initial {initial:.6g} "
-                   f"over {steps} steps", hint="gradients vanish or the output ignores the parameters; try `torchdiag gradflow`")
+                   f"over {steps} steps", hint="gradients vanish or the output ignores the parameters; try `torchdiag gradflow`"
+                   + _trained_start(trainer.ctx, initial, trainer.opts))
     if _rose(curve, initial, final):
         found += 1
         result.add("loss-rose", "warning", "", f"the loss rose from {_fmt(initial)} to {_fmt(final)} (at most "
@@ -535,7 +536,8 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
-                               f"or another {ctx.option('lr')} (now {d['lr']:g})" + _frozen_words(trainer))
+                               f"or another {ctx.option('lr')} (now {d['lr']:g})" + _frozen_words(trainer)
+                               + _trained_start(ctx, initial, opts))
     other, fits = _second_opinion(result, second)
     if fits:
         _optimizer_fails(result, ctx, other, steps)
@@ -565,6 +567,17 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         result.verdict = f"INTERRUPTED in the two-sample run; the run itself: {result.verdict}"
     elif small == "interrupted-held":
         result.verdict = f"INTERRUPTED in the run with its draws held fixed; the run itself: {result.verdict}"
+
+
+def _trained_start(ctx, initial, opts) -> str:
+    """A run from --checkpoint starts trained: its target, a share of that low start, can lie below the floor the batch
+    allows (a new user's GPT: two sequences with one first token and different second ones, 0.0169 x a start of 0.65
+    against 0.01, every other position at 1e-4)."""
+    if not getattr(ctx.spec, "checkpoint", None) or initial is None or opts.target_loss is not None:
+        return ""
+    return (f"; the run started from {ctx.option('checkpoint')} at a loss of {_fmt(initial)}, already trained: "
+            f"{opts.target_ratio:g} × that can lie below what this batch allows (the same input with different "
+            f"targets); a larger {ctx.option('target_ratio')} or a run without the checkpoint tells")
 
 
 def _first_memorised(result, trainer, curve, opts) -> bool | None:
