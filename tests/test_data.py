@@ -1369,3 +1369,23 @@ def test_hostile_loaders_of_a_sweep(cli, tmp_path):
     # a review: the detection collate's 3 channels were counted as the samples of each batch (15 of 20)
     r = cli("data", f"{spec}:detection", "--no-speed", "--json")
     assert r.code in (0, 1) and r.json["splits"]["train"]["samples"] == 20, (r.stderr, r.json["splits"])
+
+
+class _TinyLM(torch.nn.Module):
+    def __init__(self, vocab=65):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+def test_a_language_models_classes_are_its_vocabulary_not_the_sequence_length():
+    """A new user: data --model on (ids, next ids) of length 32 with a 65-token vocabulary warned "12 class(es) of
+    [0, 32) have no sample": the (N, T, V) output's dim 1 was read as the classes."""
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (64, 33), generator=g)
+    res = run_data(TensorDataset(ids[:, :-1], ids[:, 1:]), Options(speed=False), context("cpu"), model=_TinyLM())
+    assert res.data["num_classes"] == 65, res.data["num_classes"]

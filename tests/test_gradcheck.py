@@ -417,3 +417,14 @@ def test_complex_tensors_are_checked_with_their_imaginary_parts():
     r = torchdiag.gradcheck(ComplexFilter(), torch.randn(2, 8), params=True)
     rows = {row["input"]: row for row in r.table("per_input").rows}
     assert r.exit_code == 0 and rows["filt"]["shape"] == "5x2", rows
+
+
+def test_too_many_elements_from_the_parameters_points_at_no_params(cli, tmp_path):
+    """A new user: 16 ids beside 106,304 weights were told "106,304 input elements ... use smaller shapes with -i"."""
+    (tmp_path / "wide.py").write_text("import torch\n"
+                                      "def build():\n    return torch.nn.Linear(300, 300)\n")
+    r = cli("gradcheck", f"{tmp_path}/wide.py:build", "-i", "2x300")
+    assert r.code == 2, r.stderr
+    assert "90,900 elements to check (90,300 of them the module's parameters)" in r.stderr, r.stderr
+    assert "--no-params checks the inputs alone" in r.stderr, r.stderr
+    assert cli("gradcheck", f"{tmp_path}/wide.py:build", "-i", "2x300", "--no-params").code == 0

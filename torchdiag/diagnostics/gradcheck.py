@@ -382,8 +382,15 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
                          hint="give float inputs with -i, e.g. -i 3x4")
     total = sum(x.numel() for x in xs)
     if total > opts.max_elements:
-        raise UsageError(f"{total:,} input elements to check; the numerical gradient needs two forwards per element",
-                         hint=f"use smaller shapes with -i (≤ {opts.max_elements:,} elements in all)")
+        # the parameters are checked too (the last `parameters` tensors): a new user's 16 ids beside 106,304 weights
+        # were told to shrink -i
+        n = checked.extra.get("parameters", 0)
+        weights = sum(x.numel() for x in checked.tensors[len(checked.tensors) - n:]) if n else 0
+        of = f" ({weights:,} of them the module's parameters)" if weights else ""
+        raise UsageError(f"{total:,} elements to check{of}; the numerical gradient needs two forwards per element",
+                         hint=f"≤ {opts.max_elements:,} in all: --no-params checks the inputs alone, or check a "
+                              "submodule" if weights > total // 2 else
+                              f"use smaller shapes with -i (≤ {opts.max_elements:,} elements in all)")
     _deterministic(checked, fn, xs, result)
     grad_mode = torch.is_grad_enabled()
     torch.set_grad_enabled(True)

@@ -206,6 +206,10 @@ def output_size(model, batch, roles, ctx) -> int | None:
     n = B.batch_size(batch)
     if y.is_floating_point() and y.dim() >= 1 and y.shape[0] == n and y.numel() == n:   # (N,), (N, 1), (N, 1, 1, 1)
         return 1   # (a 0-d output is a batch's loss as often as a squeezed batch of one: unknown)
+    target = B.get(batch, roles.target) if roles.target is not None else None
+    if isinstance(target, torch.Tensor) and target.dim() >= 2 and y.dim() == target.dim() + 1 \
+            and tuple(y.shape[:-1]) == tuple(target.shape) and y.shape[-1] >= 2:
+        return int(y.shape[-1])   # (N, T, C) against (N, T): a language model's tokens (a new user's: T was read)
     if y.dim() >= 2 and y.shape[1] >= 2:
         return int(y.shape[1])
     return None
