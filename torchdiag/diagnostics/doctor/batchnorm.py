@@ -8,7 +8,7 @@ from ...core.seeds import second_sample
 from ...core.tracking import ModuleTracker
 from ...errors import one_line
 from .checklist import Checklist
-from .shared import batch_one, failing_call, name
+from .shared import batch_one, failing_call, name, values_kept
 
 
 def bn_modules(model) -> list[str]:
@@ -125,23 +125,17 @@ ERASED = 1e-3   # the difference alone at most this share of the one together (f
 def one_sample_erased(work, inputs) -> tuple[float, float] | None:
     """_erased with the model's BatchNorm statistics, mode and parameters as they were (the train-mode forwards move
     running statistics); None without BatchNorm or a batch size."""
-    import torch
 
     batch = inputs.batch_size
     if not bn_modules(work) or not batch:
         return None
-    kept = {k: v.detach().clone() for k, v in work.state_dict(keep_vars=True).items()
-            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)}
     modes = {m: m.training for m in work.modules()}
     try:
-        return _erased(work, inputs, batch)
+        with values_kept(work, parameters=False):
+            return _erased(work, inputs, batch)
     except Exception:   # noqa: BLE001 - the probe's forwards failing says nothing here (the batch-1 forward is asked)
         return None
     finally:
-        with torch.no_grad():
-            for k, v in work.state_dict(keep_vars=True).items():
-                if k in kept:
-                    v.copy_(kept[k])
         for m, training in modes.items():
             m.training = training
 

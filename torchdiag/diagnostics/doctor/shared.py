@@ -97,7 +97,6 @@ def workspace(model, optimizer=None):
     """A copy to run and train on (core.train.train_copy: its room checked with its gradients and the state of
     `optimizer`, the run's); if the model cannot be copied, the model itself with its parameters and buffers
     restored bit for bit afterwards (doctor still runs)."""
-    import torch
 
     try:
         work = train_copy(model, "to run the checks on", optimizer=optimizer)
@@ -108,9 +107,19 @@ def workspace(model, optimizer=None):
     if work is not None:
         yield work
         return
-    saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
-    try:
+    with values_kept(model):
         yield model
+
+
+@contextlib.contextmanager
+def values_kept(model, parameters: bool = True):
+    """The model's state_dict values (its buffers alone, without `parameters`) put back bit for bit on exit."""
+    import torch
+
+    saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
+             if parameters or not isinstance(v, torch.nn.Parameter)}
+    try:
+        yield
     finally:
         with torch.no_grad():
             for k, v in model.state_dict(keep_vars=True).items():
