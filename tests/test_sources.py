@@ -123,6 +123,10 @@ def test_hf_folder_reads_what_from_pretrained_reads(tmp_path, cli):
     save_file({"base_model.model.lm_head.lora_A.weight": torch.zeros(2, 32)}, str(folder / "adapter_model.safetensors"))
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0 and "adapter_model.safetensors in the folder not read" in r.json["source"], r.stderr
+    # a review: with --checkpoint the weights are the file's, not "random weights"
+    save_file(state, str(tmp_path / "elsewhere.safetensors"))
+    r = cli("summary", f"hf:{folder}", "--checkpoint", tmp_path / "elsewhere.safetensors", "--json")
+    assert r.code == 0 and "random weights" not in r.json["source"], r.json["source"]
 
 
 def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):

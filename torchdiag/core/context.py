@@ -335,7 +335,8 @@ def load_checkpoints(spec: RunSpec, loaded, device) -> list:
 def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:
     header: dict[str, Any] = {"model": spec.model, "device": str(device), "seed": spec.seed}
     header.update(loaded.header)
-    said = _unread(spec, loaded, header.pop("unread", []))
+    said = ("" if spec.checkpoint else header.pop("random", "")) + _unread(spec, loaded, header.pop("unread", []))
+    header.pop("random", None)   # --checkpoint: the weights are the file's (a review: "random weights" beside it)
     if said:
         header["source"] = header.get("source", "") + said
     if loaded.kwargs:

@@ -281,7 +281,8 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
     if not source.weights:
         where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
         none = "no model weights (*.safetensors)" if source.header["unread"] else "no *.safetensors"
-        source.header["source"] += f"; {none} in {where}: random weights" + _pickled_weights(folder)
+        # said by core.context, which knows whether --checkpoint gives the weights instead (then not "random")
+        source.header["random"] = f"; {none} in {where}: random weights" + _pickled_weights(folder)
     _hf_inputs(config, path, source, cls)
     return source
 
