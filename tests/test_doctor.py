@@ -1579,3 +1579,14 @@ def test_a_gradient_too_small_to_move_a_parameter_is_not_blamed_on_the_optimizer
     res = run("doctor", model, torch.randn(8, 16))
     (f,) = [f for f in res.findings if f.code == "param-not-updated"]
     assert f.where == "1.g" and "a gradient that vanishes" in f.hint and "check that the optimizer" not in f.hint, f
+
+
+def test_the_target_row_names_a_language_models_next_tokens():
+    """A new user: the checklist said "no targets given (random valid ones used)" where the header's loss is the next
+    tokens of the input ids."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+    r = _doctor_findings(model, torch.randint(0, 50, (4, 16)))
+    (row,) = [row for row in r.table("checks").rows if row["id"] == "target"]
+    assert row["verdict"] == "no targets given: the next tokens of input[0] (a language model) are the targets", row
+    assert "next-token cross_entropy" in r.header["loss"]

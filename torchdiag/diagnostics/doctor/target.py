@@ -15,6 +15,10 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
     if target is None and _own_loss(eval_out):   # a sweep: "random valid ones used" beside the batch's labels
         ck.row("target", "ok", "the model computes its own loss (output['loss'], from the labels it was given)")
         return False
+    lm = getattr(loss, "lm", None)
+    if target is None and lm is not None:   # (a new user: "random valid ones used" beside a header's next tokens)
+        ck.row("target", "ok", f"no targets given: the next tokens of {lm.name} (a language model) are the targets")
+        return False
     if target is None or not isinstance(target, torch.Tensor):
         ck.row("target", "ok" if target is None else "skipped",
                "no targets given (random valid ones used)" if target is None
