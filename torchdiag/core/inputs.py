@@ -451,10 +451,10 @@ def _derived_rows(x, t, rows: int) -> int | None:
     n = x.shape[-1]
     if n < t.shape[-1]:   # a window at either end
         return rows if any(torch.equal(x.to(torch.int64), w.to(torch.int64)) for w in (t[..., :n], t[..., -n:])) else None
-    d = x.to(torch.int64) - t.to(torch.int64)
-    if bool((d == d.reshape(-1)[0]).all()):
-        return rows - int(d.reshape(-1)[0])
-    columns = d.reshape(-1, n)
+    shift = _whole_shift(x, t)   # the same shape: one constant shift, or none
+    if shift is not None:
+        return rows - shift
+    columns = (x.to(torch.int64) - t.to(torch.int64)).reshape(-1, n)
     if columns.shape[0] < 2 or not bool((columns == columns[:1]).all()) or int(columns.min()) < 0:
         return None   # one row: any x would be "constant along the batch"
     starts = sorted(set(columns[0].tolist())) + [rows]
