@@ -304,6 +304,21 @@ def test_outputs_of_ranges_are_each_judged_against_their_own_floor():
         assert any("output[1]" in n and "% of the way to 0 " in n for n in bad.notes), bad.notes   # how far each went
 
 
+def test_a_run_whose_terms_are_all_at_their_floors_stops_at_the_budget():
+    """A new user's tiny BERT (a LayerNorm's rows beside a tanh pooler) had both terms at their floors at step 152 and
+    ran on to the 5,000-step cap (87 s) for the verdict it had there: without --steps, a run whose every term is at
+    its own floor stops at the default budget instead of being extended. Its pass is the same."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 8)
+    r = overfit(_RangedFirst("tanh"), x)
+    assert r.exit_code == 0 and r.data["passed"], [g.to_dict() for g in r.findings]
+    assert r.verdict.startswith("PASS: the batch is memorised as far as each output's range allows"), r.verdict
+    at, steps = r.data["steps_to_target"], r.data["steps"]
+    assert steps == 500 * math.ceil(max(at, 1) / 500), (at, steps)   # the first budget (of 500 more) past it
+    bad = overfit(_RangedFirst("tanh", "frozen"), x, steps=None)   # a term short of its floor still runs on
+    assert not bad.data["passed"] and bad.data["steps"] > 500, bad.data["steps"]
+
+
 def test_terms_at_their_floors_at_one_step_pass_though_the_last_step_wandered():
     """A sweep: CANINE at --steps 300 had both terms within the target ratio of their fall to their floors at step
     281, then Adam's oscillation left the last step's first term 1.2% of the way above its floor: cannot-overfit

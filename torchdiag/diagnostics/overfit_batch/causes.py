@@ -465,6 +465,17 @@ def term_floors(out, loss, first: dict, starts: list, opts) -> list | None:
     return floors
 
 
+def floor_of(found: dict | None, start: float) -> float:
+    """A term's floor from term_floors' entry, 0 where its output keeps to no range (or the floor says nothing)."""
+    return found["floor"] if found and 0 < found["floor"] < start else 0.0
+
+
+def terms_within(values, starts, floors, ratio: float, slack: float = 1.0) -> bool:
+    """Each term within `slack` x the target ratio of its fall from its start to its floor (report._at_term_floors,
+    and the loop's stop at the floors)."""
+    return all(v - f <= slack * ratio * (s - f) for v, s, f in zip(values, starts, floors))
+
+
 def range_floor(y, t, goal: float = 0.0, fits: dict | None = None, start: tuple | None = None) -> dict | None:
     """made_target_floor's reading of one output `y` against its made-up target `t`; `start`: the (lowest, highest)
     value of the same output before training (start_bounds), which the range must hold too."""

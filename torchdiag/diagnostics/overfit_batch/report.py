@@ -6,7 +6,7 @@ from typing import Any
 
 from ...errors import ExitCode
 from ...results import Result
-from .causes import real_beyond
+from .causes import floor_of, real_beyond, terms_within
 from .options import OPTIMIZER
 from .trend import CONSTANT_TIMES, PLATEAU_REL, Trend, goal_of, judge
 
@@ -641,14 +641,14 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
     values = torch.stack([t for _, t in kept]).tolist()   # the one read of every step's terms
     rows = []
     for (label, start), end, found in zip(first, values[-1], floors):
-        floor = found["floor"] if found and 0 < found["floor"] < start else 0.0
+        floor = floor_of(found, start)
         if not (start > 0 and math.isfinite(end) and 0 <= end):
             return False
         rows.append({"output": label, "start": start, "end": end, "floor": floor,
                      "range": found["kind"] if floor else None, "fitted": bool(floor and found.get("fitted"))})
 
     def within(terms, slack: float) -> bool:
-        return all(v - r["floor"] <= slack * opts.target_ratio * (r["start"] - r["floor"]) for v, r in zip(terms, rows))
+        return terms_within(terms, [r["start"] for r in rows], [r["floor"] for r in rows], opts.target_ratio, slack)
 
     at = next((k for k, terms in enumerate(values) if within(terms, 1.0)), None)
     result.data.update(terms=rows)
