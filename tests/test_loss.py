@@ -89,6 +89,25 @@ def test_auto_with_a_given_target():
     assert loss.describe() == "mse on output against the given target"
 
 
+@pytest.mark.parametrize("kind", ["auto", "cross_entropy"])
+def test_a_class_per_position_on_the_last_dimension(kind):
+    """A new user's GPT batch: (N, T) next ids against (N, T, V) logits was refused ("Expected target size [8, 65],
+    got [8, 32]"). Ids shaped as the output without its last dimension are classes along it, checked against V; the
+    value is the loss people write, cross_entropy(logits.view(-1, V), ids.view(-1)). torch's own layout (N, C, T
+    against (N, T)) still reads dim 1, and a target of both layouts (T == C) keeps torch's."""
+    y, ids = torch.randn(3, 5, 7), torch.randint(0, 7, (3, 5))
+    loss = Loss(kind, target=ids)
+    assert float(loss(y)) == pytest.approx(float(F.cross_entropy(y.reshape(-1, 7), ids.reshape(-1))), rel=1e-6)
+    assert "a class per position along the logits' last dimension" in loss.describe(), loss.describe()
+    with pytest.raises(UsageError) as exc:
+        Loss(kind, target=torch.full((3, 5), 7))(y)
+    assert "holds class 7, outside [0, 7)" in exc.value.message
+    torch_layout = torch.randint(0, 5, (3, 7))
+    assert float(Loss(kind, target=torch_layout)(y)) == pytest.approx(float(F.cross_entropy(y, torch_layout)), rel=1e-6)
+    square, both = torch.randn(3, 5, 5), torch.randint(0, 5, (3, 5))
+    assert float(Loss(kind, target=both)(square)) == pytest.approx(float(F.cross_entropy(square, both)), rel=1e-6)
+
+
 @pytest.mark.parametrize("target, ignore", [(torch.tensor([[0, 255], [2, 255]]), True),
                                             (torch.tensor([[0, 255], [2, 7]]), False),
                                             (torch.tensor([[255, 255], [255, 255]]), False)])

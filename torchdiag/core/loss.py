@@ -177,6 +177,9 @@ class Loss:
                 text += self._fills_said(self.picked)
             if self.chosen == "cross_entropy" and self.made_target:
                 text += self._fills_said(self.picked)
+            if self.chosen == "token_cross_entropy":
+                text = (f"cross_entropy on {self.picked} against the given target, a class per position along the "
+                        "logits' last dimension")
             if self.chosen == "next_token":
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
@@ -317,6 +320,13 @@ class Loss:
                                    ignore_index=LEFT_OUT)
         if kind == "sum":
             return y.float().sum()
+        if kind == "cross_entropy" and self.target is not None and classes_last(y, self.target):
+            kind = self.chosen = "token_cross_entropy"
+        if kind == "token_cross_entropy":   # (N, T, V) logits, (N, T) ids: the classes on the last dimension
+            y = y.movedim(-1, 1)
+            if self.checked_classes != y.shape[1] and _check_classes(self.target, y):
+                self.checked_classes = y.shape[1]
+            return _checked(F.cross_entropy, y.float(), self.target.to(y.device), "cross_entropy")
         if kind == "cross_entropy":
             if y.dim() < 2 or y.shape[1] < 2:
                 # a sweep: on a causal LM the model's own scalar loss came first, and "got shape ()" did not say so
@@ -434,7 +444,7 @@ class Loss:
             t = self.target
             # integer targets are class indices unless they have the output's own shape (counts)
             if not t.is_floating_point() and y.dim() >= 2 and tuple(t.shape) != tuple(y.shape):
-                return "cross_entropy"
+                return "token_cross_entropy" if classes_last(y, t) else "cross_entropy"
             return "mse"
         if y.dim() == 2 and y.is_floating_point() and y.shape[1] > 1:
             return "cross_entropy"
@@ -551,6 +561,14 @@ def _reached_through(y, others: list) -> set:
         if mine and mine <= primary:
             out.add(label)
     return out
+
+
+def classes_last(y, target) -> bool:
+    """Integer targets shaped as the output without its last dimension (a language model's (N, T) next ids against
+    (N, T, V) logits), and not as torch's class-on-dimension-1 layout (N, d1, ...) would have them: class indices
+    along the last dimension (a new user's GPT batch was refused, "Expected target size [8, 65], got [8, 32]")."""
+    return (not target.is_floating_point() and y.dim() >= 3 and y.is_floating_point()
+            and tuple(target.shape) == tuple(y.shape[:-1]) and tuple(target.shape) != (y.shape[0], *y.shape[2:]))
 
 
 def _float_classes_hint(target, y) -> str:
