@@ -303,7 +303,7 @@ class Trainer:
         with torch.no_grad():
             found = made_target_floor(out, self.loss_fn, ratio * start, self.fits, c.first_bounds)
             if c.first_terms:
-                return bool(found) and self._at_terms_floors(out, found)
+                return found is not None and self._at_terms_floors(out, found)
         floor = found["floor"] if found else math.nan
         return 0 < floor < c.losses[0] and c.losses[-1] - floor <= ratio * (c.losses[0] - floor)
 
