@@ -1252,6 +1252,28 @@ def test_two_starved_optimizers_each_get_their_own_cause():
     assert sum("gone by the step" in m for m in messages) == 1 and sum("left them no gradient" in m for m in messages) == 1
 
 
+def test_a_starved_optimizer_among_several_is_named_by_its_parameters_path():
+    """A sweep's GAN computed the generator's loss on a detached fake: "never-gets-grad optimizer 1" named nothing
+    the user sees. It is named by the path its parameters share (the generator's)."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    disc = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    og, od = torch.optim.Adam(gen.parameters(), 1e-3), torch.optim.Adam(disc.parameters(), 1e-3)
+    with Watch(every=5) as w:
+        for _ in range(20):
+            z = torch.randn(16, 4)
+            ld = disc(gen(z).detach()).mean() - disc(torch.randn(16, 4)).mean()
+            od.zero_grad()
+            ld.backward()
+            od.step()
+            lg = -disc(gen(z).detach()).mean()   # the bug: the generator's loss does not reach it
+            og.zero_grad()
+            lg.backward()
+            og.step()
+    got = [f for f in w.result().findings if f.code == "never-gets-grad"]
+    assert [f.where for f in got] == ["gen"], [(f.where, f.message) for f in got]
+
+
 class _NormEvalNet(nn.Module):
     """A backbone whose train() keeps its BatchNorm in eval when norm_eval (mmdetection's ResNet does): statistics
     frozen for small detection batches, the affine weights trained."""

@@ -310,18 +310,19 @@ def _wiring(result: Result, engine) -> None:
     for k, t in enumerate(judged):
         if _auxiliary(engine, t):
             continue
+        where = _optimizer_where(t, k) if many else ""
         ignored = _loss_ignores(t, engine)
         if ignored:
-            result.add("loss-ignores-parameters", "error", f"optimizer {k}" if many else "",
+            result.add("loss-ignores-parameters", "error", where,
                        f"none of the {len(ignored)} parameters {'this optimizer' if many else 'the optimizer'} trains got a "
                        f"non-zero gradient in {_its_steps(t, engine)} (every gradient exactly 0): the loss does not depend "
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
                        "an output detached from the model, a loss computed on the wrong tensor, every unit dead, or a product "
                        "of factors all initialised to zero (a LoRA adapter's A and B both 0: each gradient is the other's "
                        "value)")
-        if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
+        if _starved(result, engine, t, judged, owners, where):
             continue
-        _stopped(result, engine, t, f"optimizer {k}" if many else "", judged)
+        _stopped(result, engine, t, where, judged)
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         never: dict[str, list[str]] = {}   # never-gets-grad, per severity: one finding each (a sweep: a detached
         for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
@@ -423,6 +424,12 @@ def _crossed(result: Result, engine) -> None:
                    "backward's after it: the loss that other optimizer stepped on trained these parameters the other way",
                    "in a GAN, the discriminator's loss on fakes not detached reaches the generator: use "
                    "fake.detach() there, or call the generator optimizer's zero_grad() right before its own backward")
+
+
+def _optimizer_where(t, k: int) -> str:
+    """Where a finding on one of several optimizers is: the path its parameters share (a sweep's GAN: "optimizer 1"
+    named nothing the user sees, where every parameter was netG's), else its place in the run's order."""
+    return common_path(list(t.names)) or f"optimizer {k}"
 
 
 def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) -> bool:
