@@ -89,6 +89,30 @@ def test_auto_with_a_given_target():
     assert loss.describe() == "mse on output against the given target"
 
 
+@pytest.mark.parametrize("own", ["cross_entropy", "smoothed", "z_loss", "other_weights"])
+def test_a_scalar_beside_the_logits_that_is_their_loss_is_the_model_s_own(own):
+    """A new user's nanoGPT returns (logits, loss) when given its targets: auto judged it on that loss plus a made-up
+    loss on the logits, twice what it trains on. A scalar whose gradient on the logits sums to 0 over the classes (a
+    function of their softmax: cross-entropy, label-smoothed too) is the model's own loss and is used alone. A z-loss
+    of the same logits, or an auxiliary loss of other weights, is no such function: it stays a term beside them."""
+    torch.manual_seed(0)
+    head, aux = torch.nn.Linear(4, 7), torch.nn.Linear(4, 1)
+    x, ids = torch.randn(3, 5, 4), torch.randint(0, 7, (3, 5))
+    logits = head(x)
+    scalar = {"cross_entropy": lambda: F.cross_entropy(logits.view(-1, 7), ids.view(-1)),
+              "smoothed": lambda: F.cross_entropy(logits.view(-1, 7), ids.view(-1), label_smoothing=0.1),
+              "z_loss": lambda: torch.logsumexp(logits, -1).pow(2).mean(),
+              "other_weights": lambda: aux(x).pow(2).mean()}[own]()
+    loss = Loss("auto", seed=0)
+    value = loss((logits, scalar))
+    if own in ("cross_entropy", "smoothed"):
+        assert value.item() == scalar.item(), (value.item(), scalar.item())
+        assert loss.describe().startswith("the model's own loss (output[1]: a loss of output[0]'s softmax"), loss.describe()
+        assert loss((logits.detach() * 0, scalar)).item() == scalar.item()   # kept for every later step
+    else:
+        assert value.item() > scalar.item() + 0.1 and loss.describe().endswith(" + output[1] itself"), loss.describe()
+
+
 @pytest.mark.parametrize("kind", ["auto", "cross_entropy"])
 def test_a_class_per_position_on_the_last_dimension(kind):
     """A new user's GPT batch: (N, T) next ids against (N, T, V) logits was refused ("Expected target size [8, 65],
@@ -367,6 +391,25 @@ def test_an_encoder_decoders_logits_are_next_token_predictions_of_its_decoder_id
     # a decoder that sees every position is causal in neither: the first ids, as before
     assert language_model(EncDec(causal=False), inputs).name == "input[0]"
 
+
+
+@pytest.mark.parametrize("split", ["squeezed", "split", "indexed"])
+def test_a_head_split_into_outputs_gets_a_term_for_each(split):
+    """A sweep: ALBERT's QA head is one Linear(hidden, 2) split into start and end logits. The end logits' weights are
+    all the start's, so the end got no term ("every weight behind it already reaches"), and the head's end row no
+    gradient, checked and trained never. Another piece of the tensor the primary is a piece of keeps its term, and the
+    end row its gradient. The hidden states the logits come from, and a softmax of them, still get none."""
+    torch.manual_seed(0)
+    enc, qa = torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)
+    h = enc(torch.randn(3, 5, 4))
+    logits = qa(h)
+    start, end = {"squeezed": lambda: [t.squeeze(-1) for t in logits.split(1, -1)],
+                  "split": lambda: logits.split(1, -1), "indexed": lambda: (logits[..., 0], logits[..., 1])}[split]()
+    loss = Loss("auto", seed=0)
+    loss({"start": start, "end": end, "hidden": h, "probs": start.softmax(-1)}).backward()
+    assert loss.covered == ["output['start']", "output['end']"], loss.describe()
+    assert float(qa.weight.grad[1].norm()) > 0 and float(qa.bias.grad[1].abs()) > 0
+    assert loss.reached_already == {"output['hidden']", "output['probs']"}
 
 
 def test_a_models_own_loss_with_one_value_per_sample_is_averaged():

@@ -158,6 +158,8 @@ class Loss:
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
     terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
     fills: Any = None             # () -> core.fills.Fills of the run's forward (Context.fills), or None
+    loss_of: Any = None           # auto: the output the model's own loss beside it is a loss of ("" none; _own_loss)
+    own_label: str = ""           # ... and that loss's label
     fill_masks: Any = None        # label -> the fill positions a made-up term leaves out, or None (decided once)
     fill_notes: Any = None        # label -> what the header says of them ("" when they changed nothing)
 
@@ -165,6 +167,9 @@ class Loss:
         if self.chosen == "model":
             text = f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
                 f"the scalar output itself ({self.picked})"
+            if self.loss_of:
+                text = (f"the model's own loss ({self.picked}: a loss of {self.loss_of}'s softmax, as its gradient "
+                        "shows)")
             if self.loss_values:
                 text = f"the mean of the model's own loss ({self.picked}, {self.loss_values} values)"
         else:
@@ -253,14 +258,37 @@ class Loss:
         y, self.picked = primary_output(out)
         kind = self.kind
         if kind == "auto":
+            y = self._own_loss(out, y)
             kind = self._auto(y)
         self.chosen = kind
         value = self._primary(kind, y)
-        if self.kind != "auto" or kind == "model" and self.picked == "output['loss']":
+        if self.kind != "auto" or kind == "model" and (self.picked == "output['loss']" or self.loss_of):
             if self.kind != "auto":
                 self.left_out = [k for k, _ in gradient_outputs(out, y)] or None
             return value
         return self._cover_rest(out, y, kind, value)
+
+    def _own_loss(self, out, y):
+        """auto: `y`, or the model's own loss when an output beside it is one: a scalar of `y`'s softmax, told by
+        its gradient on `y` summing to 0 over the classes (nanoGPT's `(logits, loss)` given its targets was judged on
+        its loss plus a made-up next-token loss, twice what it trains on; a z-loss or an auxiliary loss of other
+        weights is no such function and stays a term beside `y`). Decided on the first call with grad on (one
+        backward through the loss alone, one read), kept for every step."""
+        import torch
+
+        if self.loss_of is None:
+            self.loss_of = ""
+            if torch.is_grad_enabled() and isinstance(y, torch.Tensor) and y.requires_grad and y.dim() >= 2:
+                mine = [(k, t) for k, t in gradient_outputs(out, y) if t.dim() == 0 and t.requires_grad]
+                if len(mine) == 1 and _of_softmax(mine[0][1], y):
+                    self.loss_of, self.own_label = self.picked, mine[0][0]
+        if not self.loss_of:
+            return y
+        found = dict(float_outputs(out)).get(self.own_label)
+        if found is None:
+            return y
+        self.picked = self.own_label
+        return found
 
     def _cover_rest(self, out, y, kind, value):
         """auto: add the other outputs with a gradient path (see the module docstring)."""
@@ -529,6 +557,24 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     return None
 
 
+def _of_softmax(scalar, y) -> bool:
+    """`scalar` is a function of softmax(y) over its classes (dim 1 or the last): its gradient on y sums to 0 along
+    that dimension in every row (softmax does not change when a row is shifted), and is not 0 throughout."""
+    import torch
+
+    try:
+        (g,) = torch.autograd.grad(scalar, y, retain_graph=True, allow_unused=True)
+    except RuntimeError:
+        return False
+    if g is None:
+        return False
+    g = g.detach().double()
+    dims = {1, y.dim() - 1}
+    sums = torch.stack([g.sum(d).abs().amax() / g.abs().sum(d).amax().clamp_min(1e-300) for d in sorted(dims)])
+    top, *ratios = torch.cat([g.abs().amax().reshape(1), sums]).tolist()
+    return top > 0 and min(ratios) < 1e-6
+
+
 def _weights(t) -> set | None:
     """ids of the leaf tensors (parameters, weights made in forward) t's autograd graph reaches; None
     when t has no graph to walk."""
@@ -547,18 +593,36 @@ def _weights(t) -> set | None:
     return leaves
 
 
+# autograd nodes of ops that take a piece of a tensor or view it otherwise, computing nothing (_base)
+_PIECES = ("Split", "Select", "Slice", "Squeeze", "Unsqueeze", "View", "UnsafeView", "Unbind", "Narrow", "Transpose",
+           "Permute", "Reshape", "AsStrided", "Expand", "Clone", "Alias", "T", "Index")
+
+
+def _base(t) -> tuple | None:
+    """(id of the node, which of its outputs) of the tensor `t` is a piece or view of, past the ops that only cut or
+    view (`_PIECES`); None without a graph."""
+    fn, nr = t.grad_fn, t.output_nr
+    while fn is not None and type(fn).__name__.rstrip("0123456789").removesuffix("Backward") in _PIECES \
+            and len(fn.next_functions) >= 1 and fn.next_functions[0][0] is not None:
+        fn, nr = fn.next_functions[0]
+    return None if fn is None else (id(fn), nr)
+
+
 def _reached_through(y, others: list) -> set:
     """Labels of the non-scalar outputs whose every weight the primary output's graph reaches as well (an
     encoder-decoder's encoder states, a cache of keys and values): adding a loss on them trains nothing the
     primary does not, and a random target there fights the primary's. An auxiliary head with weights of its
-    own is kept. Nothing is dropped when a graph cannot be walked."""
+    own is kept, and so is another piece of the tensor the primary is a piece of (a sweep: ALBERT's QA head, one
+    Linear(hidden, 2) split into start and end logits, never trained its end row). Nothing is dropped when a graph
+    cannot be walked."""
     primary = _weights(y)
     if not primary:
         return set()
+    base = _base(y)
     out = set()
     for label, t in others:
         mine = _weights(t)
-        if mine and mine <= primary:
+        if mine and mine <= primary and (base is None or _base(t) != base):
             out.add(label)
     return out
 
