@@ -1121,6 +1121,44 @@ def test_a_uint8_mask_of_zeros_and_ones_is_not_raw_pixels():
     assert one(r, "raw-pixels").severity == "warning"
 
 
+def test_int64_class_ids_shaped_as_an_image_are_not_raw_pixels():
+    """A new user's segmentation mask, int64 classes 0–3 shaped (1, H, W), was "raw 0–255 pixel values" with a hint
+    to divide by 255 (docs/data.md: uint8, or floats in [0, 255]). The same values as floats still are."""
+    g = torch.Generator().manual_seed(0)
+    masks = torch.randint(0, 4, (300, 1, 16, 16), generator=g)
+    r = run_data(_pool_loader(masks, torch.randint(0, 2, (300,), generator=g)), Options(**QUICK, speed=False),
+                 context("cpu"))
+    assert not {"raw-pixels", "not-standardised"} & set(codes(r)), codes(r)
+    images = (torch.rand(300, 3, 16, 16, generator=g) * 255).round()
+    r = run_data(_pool_loader(images, torch.randint(0, 2, (300,), generator=g)), Options(**QUICK, speed=False),
+                 context("cpu"))
+    assert one(r, "raw-pixels").severity == "warning"
+
+
+class _OneInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_dict_keys_the_forward_does_not_take_are_a_usage_error_naming_the_field_options():
+    """A new user's {'image', 'mask'} batches against forward(self, x): every key went to the model as a keyword, and
+    the model's TypeError was exit 3, "fix it or the inputs (-i)" (data has no -i). Exit 2, naming the keys and the
+    options that say which field is which; with them, the run reads the mask as the target."""
+    g = torch.Generator().manual_seed(0)
+    rows = [{"image": torch.rand(3, 8, 8, generator=g), "mask": torch.randint(0, 4, (8, 8), generator=g)}
+            for _ in range(32)]
+    loader = torch.utils.data.DataLoader(rows, batch_size=8)
+    with pytest.raises(UsageError) as exc:
+        run_data(loader, Options(**QUICK), context("cpu"), model=_OneInput())
+    assert "takes no 'image' or 'mask'" in exc.value.message and "--input-field KEY --target-field KEY" in exc.value.hint
+    r = run_data(loader, Options(**QUICK, input_field="image", target_field="mask"), context("cpu"), model=_OneInput())
+    assert r.header["fields"].startswith("input image, target mask"), r.header["fields"]
+
+
 def _timed(workers: int, share: float):
     from torchdiag.diagnostics.data.speed import Timing
 

@@ -172,6 +172,24 @@ def model_call(batch, roles: Roles):
     return tuple(get(batch, n) for n in roles.inputs), {}
 
 
+def unread_keywords(roles: Roles, model) -> list[str]:
+    """The dict keys model_call would pass to the model's forward as keywords that it takes no parameter of (no
+    **kwargs either): a new user's {'image', 'mask'} batch against forward(self, x) raised inside the model, exit 3,
+    "fix it or the inputs (-i)", where naming the fields was the fix. [] when the signature is unknown."""
+    import inspect
+
+    if model is None or roles.structure != "dict" or len(roles.inputs) < 2:
+        return []
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return []
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return sorted({n.split(".")[0] for n in roles.inputs} - names)
+
+
 def model_inputs(model) -> int:
     """How many positional inputs the model's forward requires (1 without a model, or when unknown)."""
     from .inputs import forward_parameters

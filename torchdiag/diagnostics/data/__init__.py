@@ -203,6 +203,7 @@ def _probe(st: State, loader):
         if "roles" not in roles_box:
             roles_box["roles"] = B.find_roles(parts[0], opts.input_field, opts.target_field,
                                               lambda n: "--" + n.replace("_", "-"), B.model_inputs(st.model))
+            _keywords_taken(roles_box["roles"], st.model)
             st.first_batch = parts[0] if len(parts) == 1 else None
         target = roles_box["roles"].target
         if target is not None and len(st.probe.labels) < 100_000:
@@ -218,6 +219,21 @@ def _probe(st: State, loader):
     st.order = traps.label_runs(st.probe.labels, None) if st.train.kind != "dataset" else None
     st.roles = roles
     return roles
+
+
+def _keywords_taken(roles, model) -> None:
+    """Exit 2 where a dict batch's keys would reach the model's forward as keywords it does not take (batches'
+    unread_keywords), naming the options that say which field is which."""
+    from ...core import batches as B
+    from ...errors import UsageError
+
+    bad = B.unread_keywords(roles, model)
+    if bad:
+        keys = [n for n in roles.names if "." not in n]
+        raise UsageError(f"the batch's dict keys {', '.join(roles.inputs)} would go to {type(model).__name__}.forward() "
+                         f"as keywords, and it takes no {' or '.join(repr(k) for k in bad)}",
+                         hint=f"name the fields: --input-field KEY --target-field KEY (the batch's keys: "
+                              f"{', '.join(keys)})")
 
 
 def _order(st: State) -> None:

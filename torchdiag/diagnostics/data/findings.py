@@ -196,12 +196,14 @@ def range_finding(f) -> tuple[str, str, str, str] | None:
     if "uint8" in f.dtypes and f.hi > 1:   # (a uint8 0/1 mask is no pixel range: the indicators below)
         return ("raw-pixels", "warning", f"uint8 input in [{_fmt(f.lo)}, {_fmt(f.hi)}]: pixels not converted to float "
                 "nor scaled", "convert and scale (ToTensor, or x.float() / 255), then Normalize" + _norm_hint(f, 255.0))
-    if f.layout is not None and f.lo >= 0 and RAW_MAX < f.hi <= 255:
+    ints = bool(f.dtypes) and all(d.startswith("int") for d in f.dtypes)
+    # (not int64 class ids shaped as an image: a segmentation mask of classes 0–3 was "raw pixels", a review)
+    if f.layout is not None and f.lo >= 0 and RAW_MAX < f.hi <= 255 and not ints:
         return ("raw-pixels", "warning", f"image input in [{_fmt(f.lo)}, {_fmt(f.hi)}] (mean {_fmt(f.mean)}): raw "
                 "0–255 pixel values, not normalised", "scale to [0, 1] (x / 255), then Normalize" + _norm_hint(f, 255.0))
     if f.integral and f.lo >= 0 and f.hi <= 1:   # 0/1 indicators (bag of words, one-hot, binary): a unit scale already
         return None
-    if f.dtypes and all(d.startswith("int") for d in f.dtypes):
+    if ints:
         # integer tensors other than uint8 pixels are taken as indices (token ids into an nn.Embedding, positions,
         # categories), which normalising would break (a sweep: every text set's input_ids read "not-standardised",
         # mean 8028); an int feature a model casts itself is not judged either (docs/data.md says so)
