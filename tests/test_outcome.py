@@ -195,6 +195,26 @@ def test_a_failure_names_input_shapes_only_where_they_were_recorded():
             raise AssertionError("the forward should fail")
 
 
+class _Bags(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.EmbeddingBag(50, 4)
+
+    def forward(self, ids, offsets):
+        return self.emb(ids, offsets)
+
+
+def test_a_module_given_integers_alone_names_no_input_shapes_in_nancheck():
+    """A new user's EmbeddingBag refused its offsets under nancheck: "with input shapes ()", where nancheck's pass
+    records floating inputs only and the module had two integer ones."""
+    from torchdiag.api import run as api_run
+    from torchdiag.errors import ModelError
+
+    with pytest.raises(ModelError) as exc:
+        api_run("nancheck", _Bags(), (torch.randint(0, 50, (12,)), torch.tensor([3, 6, 9])))
+    assert exc.value.message.startswith("forward failed in emb (EmbeddingBag): "), exc.value.message
+
+
 class _RefusedAllocation(torch.nn.Module):
     """A forward the CPU allocator refuses half-way (efficientnet_b7's nancheck at 3x600x600 under the zoo's 14 GiB
     address-space cap): the message, not a fault of the model's code."""

@@ -293,8 +293,10 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         return gpu
     if call is not None:
         where = call.name or "(root)"
-        # shapes only where the tracker recorded them (nancheck's does not: "with input shapes ()" was not true)
-        shapes = f" with input shapes {call.inputs or '()'}" if getattr(tracker, "record_shapes", True) else ""
+        # shapes only where the tracker recorded them (nancheck's does not: "with input shapes ()" was not true), and
+        # some (nancheck's records floating inputs only: an EmbeddingBag's ids and offsets were "()", a new user)
+        recorded = getattr(tracker, "record_shapes", True) and call.inputs not in ("", "()")
+        shapes = f" with input shapes {call.inputs}" if recorded else ""
         msg = f"{phase} failed in {where} ({call.type}){shapes}: {one_line(exc)}"
     else:
         msg = f"{phase} failed: {one_line(exc)}"
