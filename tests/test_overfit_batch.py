@@ -1576,6 +1576,35 @@ def test_the_two_samples_are_rows_with_usable_different_targets_and_only_per_sam
     assert not limited(10, 4, torch.zeros(48, dtype=torch.long)) and limited(10, 4, torch.zeros(4, 3))
 
 
+class _Bags(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = torch.nn.EmbeddingBag(1000, 32), torch.nn.Linear(32, 5)
+
+    def forward(self, text, offsets):
+        return self.fc(self.emb(text, offsets))
+
+
+def test_updates_rounding_away_are_counted_against_the_elements_that_get_a_gradient():
+    """A new user's bfloat16 EmbeddingBag classifier: every element with a gradient was unchanged by step 2049, and
+    the note said 1,444 "of the 32,165 trainable elements: too few to stop the fall alone", the failure "no
+    mechanical cause found". The rows the batch never reads get no gradient to round away: the share is of those
+    that do, and the rounding is the cause it is (float32 reaches the target)."""
+    g = torch.Generator().manual_seed(0)
+    text, offsets = torch.randint(0, 1000, (40,), generator=g), torch.tensor([0, 7, 15, 30])
+    target = torch.randint(0, 5, (4,), generator=g)
+
+    def model():
+        torch.manual_seed(0)
+        return _Bags()
+
+    r = api_run("overfit-batch", model(), (text, offsets), target=target, dtype="bfloat16")
+    assert "update-rounds-away" in codes(r) and not any("too few to stop" in n for n in r.notes), r.notes
+    f = finding(r, "cannot-overfit")
+    assert not (f.hint or "").startswith("no mechanical cause found"), f.hint
+    assert api_run("overfit-batch", model(), (text, offsets), target=target).data["passed"]
+
+
 def test_a_cause_that_has_not_stopped_the_fall_is_not_an_error():
     """A sweep: bfloat16 Mistral at --steps 100 was cannot-overfit (0.0107 x initial) because five RMSNorm weights'
     updates round away, yet --steps 150 memorised the batch at step 108. A fall projected to the target within as

@@ -417,11 +417,12 @@ def _precision_findings(result, trainer, curve, causes) -> int:
         # a cause only where it can stop the whole fall: updates that round away in a small share of the trainable
         # elements (norm gains: a sweep's bfloat16 LLaMA reached its target at step 192 of a --steps 100 run called
         # cannot-overfit) leave the rest training
-        stuck, total = sum(r["unchanged"] for r in causes.rounding), sum(p.numel() for _, p in trainer.trainable)
+        stuck = sum(r["unchanged"] for r in causes.rounding)
+        total = causes.moving or sum(p.numel() for _, p in trainer.trainable)
         found += stuck >= MINOR_SHARE * total
         if stuck < MINOR_SHARE * total:
-            result.notes.append(f"the updates that round away ({CODE}) are {stuck:,} of the {total:,} trainable "
-                                "elements: too few to stop the fall alone, so they are no cause of a failure")
+            result.notes.append(f"the updates that round away ({CODE}) are {stuck:,} of the {total:,} elements with a "
+                                "non-zero gradient: too few to stop the fall alone, so they are no cause of a failure")
         optimizer = trainer.ctx.spec.optimizer
         result.add(CODE, "warning", causes.rounding[0]["name"],
                    message(causes.rounding, optimizer.learning_rate,
