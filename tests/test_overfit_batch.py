@@ -802,6 +802,33 @@ def test_tanh_output_floor_and_no_finding_when_the_target_is_reachable():
     assert "bounded-output" not in codes(overfit(mlp, xm, steps=3))
 
 
+def _soft_hits(out, y):
+    """1 - the mean probability of the right class: a loss that takes raw logits and applies softmax itself."""
+    return 1 - F.softmax(out, 1).gather(1, y[:, None]).mean()
+
+
+def test_an_unbounded_output_still_small_is_no_bounded_output():
+    """A new user's Linear head at --steps 10 had logits within [-1, 1] (0.59 at most): "a tanh at the end?"; and a
+    U-Net under a dice loss that applies softmax itself was told "scaling the trained output by 4 lowers the loss: the
+    output's range holds it back" while its logits grew. Where a step of the weights takes the output out of the box
+    (or to the scale that lowers the loss), nothing at the end squashes it. A tanh still gets it (a softmax under a
+    custom loss: test_a_squashed_output_under_a_custom_loss_is_no_floor_of_the_loss)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    small = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        small.weight.mul_(0.05)
+    r = overfit(small, x, target=y, steps=5)
+    assert float(small(x).abs().max()) < 1 and "bounded-output" not in codes(r), [f.to_dict() for f in r.findings]
+    torch.manual_seed(0)
+    r = overfit(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()), x, target=y, steps=5)
+    assert "bounded-output" in codes(r)
+    torch.manual_seed(0)
+    r = api_run("overfit-batch", torch.nn.Linear(8, 4), x, target=y, loss=_soft_hits, steps=40)
+    assert "bounded-output" not in codes(r), [f.to_dict() for f in r.findings]
+
+
 def test_non_finite_loss_points_to_nancheck():
     torch.manual_seed(0)
     model, x = load("broken_overfit_nan.py:build")

@@ -327,13 +327,15 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 # (a [0, 1] output trained to one-hot has rows of norm 1 too, and its box's floor is the higher one)
                 sphere = sphere_floor(p, classes) if box[0] < 0 else None
                 floor = max(floor, sphere) if sphere is not None else floor
-                if needed < floor:
+                if needed < floor and not _can_grow(trainer, lambda v, b=box: _outside(v, b)):
                     # each row a distribution (a softmax: the double-softmax bug under cross-entropy), or values
                     # bounded one by one (a multi-label sigmoid, a tanh) that the cross-entropy torchdiag chose misreads
                     rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
+            if causes.scaled and _can_grow(trainer, _beyond(out, causes.scaled[0])):
+                causes.scaled = None   # the weights scale it themselves: a loss still on its way (a custom dice loss)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
             causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits,
                                                      curve.first_bounds)
@@ -343,6 +345,62 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 causes.term_floors = term_floors(out, trainer.loss_fn, causes.out_of_range, curve.first_terms, opts)
         except Exception:
             causes.final_same = False
+
+
+GROW_STEPS = (0.25, 1.0, 4.0)   # parameter steps along the gradient of the output's size, in units of their norm
+
+
+def _can_grow(trainer, reached) -> bool:
+    """The trained weights can make the primary output `reached(values)`: a step along the gradient of its squared
+    size (each a GROW_STEPS multiple of the parameters' norm) gets there, on the parameters as values
+    (functional_call: the copy is not changed). A squashing at the end (a softmax, a tanh, a sigmoid, x 0.05 after
+    one) never lets it; a plain Linear head whose logits were still small does (a new user's --steps 10 run was told
+    "a tanh at the end?" at a largest logit of 0.59). False where the probe cannot run: the finding stands as
+    before."""
+    import torch
+    from torch.func import functional_call
+
+    from ...core.loss import primary_output
+
+    work, batch = trainer.work, trainer.batch
+    params = {n: p for n, p in work.named_parameters() if p.requires_grad and p.is_floating_point()}
+    try:
+        with torch.enable_grad(), trainer.autocast():
+            y = primary_output(batch.call(work))[0]
+            grads = torch.autograd.grad(y.float().square().sum(), list(params.values()), allow_unused=True)
+        moved = {n: (p, g) for (n, p), g in zip(params.items(), grads) if g is not None}
+        gnorm = torch.stack([g.float().norm() for _, g in moved.values()]).norm()
+        pnorm = torch.stack([p.detach().float().norm() for p, _ in moved.values()]).norm()
+        unit = float(pnorm / gnorm) if float(gnorm) > 0 else 0.0
+        with torch.no_grad(), trainer.autocast():
+            for a in GROW_STEPS:
+                step = {n: p.detach() + (a * unit) * g.to(p.dtype) for n, (p, g) in moved.items()}
+                def stepped(*xs, _torchdiag_step=step, **kw):
+                    return functional_call(work, _torchdiag_step, xs, kw)
+                if unit and reached(primary_output(batch.call(stepped))[0]):
+                    return True
+    except Exception:   # an explanation only
+        return False
+    return False
+
+
+def _outside(y, box: tuple) -> bool:
+    """Values half the box's width or more beyond it: no squashing into that box gives them."""
+    import torch
+
+    lo, hi = box
+    margin = (hi - lo) / 2
+    return isinstance(y, torch.Tensor) and bool(((y < lo - margin) | (y > hi + margin)).any())
+
+
+def _beyond(out, k: float):
+    """`reached` for a custom loss that a k x scale of the output lowers: values k times the largest there now."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    top = float(primary_output(out)[0].detach().float().abs().amax())
+    return lambda y: isinstance(y, torch.Tensor) and top > 0 and float(y.detach().float().abs().amax()) >= k * top
 
 
 def _span(trainer, out) -> dict | None:
