@@ -2412,6 +2412,37 @@ def test_a_scheduler_stepped_after_every_step_that_collapses_the_rate_is_a_warni
     assert f.severity == "warning" and "by step 121," in f.message and "stepped after every optimizer step" in f.hint
 
 
+@pytest.mark.parametrize("per_batch", [True, False])
+def test_epoch_milestones_stepped_per_batch_are_said_though_the_loss_creeps_down(per_batch):
+    """A sweep: MultiStepLR([6, 9]) meant per epoch, stepped per batch, cut 0.1 to 0.001 by step 10 of 940; SGD with
+    momentum still crept down (the rule asked for a loss that stopped falling) and watch passed, while the validation
+    loss ended at 1.064 against its twin's 0.923. A fall of 100x or more in the first 5% of the run, by a scheduler
+    stepped after every step, is said; the same milestones stepped per epoch are not."""
+    torch.manual_seed(0)
+    w_true, v_true = torch.randn(20, 32), torch.randn(32, 6)
+    x = torch.randn(3000, 20)
+    y = (torch.tanh(x @ w_true) @ v_true).argmax(1)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 6))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[6, 9], gamma=0.1)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(10):
+            perm = torch.randperm(3000)
+            for i in range(0, 3000, 64):
+                j = perm[i:i + 64]
+                opt.zero_grad()
+                F.cross_entropy(model(x[j]), y[j]).backward()
+                opt.step()
+                if per_batch:
+                    sched.step()
+            if not per_batch:
+                sched.step()
+    found = [f for f in w.result().findings if f.code == "lr-collapsed"]
+    assert len(found) == per_batch, [f.message for f in found]
+    if per_batch:
+        assert "by step 10," in found[0].message and "stepped after every optimizer step" in found[0].hint
+
+
 def test_torchs_scheduler_warning_still_names_the_users_line():
     """A sweep: with LRScheduler.step wrapped, torch's "lr_scheduler.step() before optimizer.step()" (stacklevel=2)
     named watch's schedulers.py instead of the loop's sch.step() line; warnings.warn is torch's own again after the call."""

@@ -861,6 +861,18 @@ def _curves(result: Result, engine) -> None:
     _validation(result, engine, pairs)
 
 
+EARLY = 0.05        # of the run's read steps: a fall under EARLY_DROP of the highest rate this early, by a scheduler
+EARLY_DROP = 1e-2   # stepped each batch, is said though the loss still creeps down
+
+
+def _first_under(known: list, bound: float) -> int:
+    """The index of the first of the last steps whose rates all stay under `bound` (len(known): the last is not)."""
+    k = len(known)
+    while k > 0 and known[k - 1][1] < bound:
+        k -= 1
+    return k
+
+
 def _lr_collapse(result: Result, pairs, lr_at: dict, of: str, each_step=lambda first, last: False) -> None:
     """The rate fell under LR_COLLAPSE of its highest in the first half of the run and stayed there to the end, and
     the loss did not fall 5% after it: the rest of the run trained nothing (a sweep: StepLR(gamma=0.9) stepped per
@@ -872,9 +884,10 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str, each_step=lambda f
     top = max((v for _, v in known), default=0.0)
     if len(known) < 10 or top <= 0:
         return
-    k = len(known)
-    while k > 0 and known[k - 1][1] < LR_COLLAPSE * top:   # the first of the steps that stay under it
-        k -= 1
+    # (100x: MultiStepLR's two cuts of 0.1 leave 0.1 at 0.0010000000000000002, a hair over 0.01 x 0.1)
+    k, early = _first_under(known, LR_COLLAPSE * top), _first_under(known, EARLY_DROP * top * (1 + 1e-9))
+    if k == len(known) and early <= EARLY * len(known):   # (early: then only with a scheduler stepped each batch)
+        k = early
     if k == len(known) or k > len(known) // 2:
         return
     step = known[k][0]
@@ -889,17 +902,22 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str, each_step=lambda f
         j = next(j for j, (s, _) in enumerate(pairs) if s >= first_cut)   # steps before it) to the collapse
         return j > 1 and _fell(values[max(j // 2, j - w):j], values[max(j, i - w):i + 1])
 
-    if _fell(values[i:i + w], values[-w:]):
-        return
     # a scheduler stepped after every step to the collapse counts batches, whatever its cuts look like (StepLR(30,
     # 0.1) stepped per batch: the cuts held the loss flat from the first on, so `learning` could not see it), where
     # the steps' batches differ: a loss without noise from step to step is one batch an epoch (full-batch training,
     # where per epoch is per step: a review's regression at its optimum was called collapsed)
     stepped = each_step(known[0][0], step) and _step_noise([math.log(v) for v in values if v > 0], w) > ONE_BATCH
+    # a fall in the first EARLY share of the run by a scheduler stepped each batch is said though the loss still
+    # creeps down, and under EARLY_DROP (a sweep: MultiStepLR([6, 9]) meant per epoch, stepped per batch, 0.1 to 0.001 by step 9 of 940;
+    # SGD with momentum kept falling, to a validation loss of 1.064 against its twin's 0.923)
+    fell = _fell(values[i:i + w], values[-w:])
+    if (fell or known[k][1] >= LR_COLLAPSE * top) and not (stepped and k <= EARLY * len(known)):
+        return
     if not stepped and not _decays_per_step(known, k, learning):
         return
     result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "
-               f"{step}, {100 * k // len(known)}% into the run, and stayed under {LR_COLLAPSE:g}× its highest to the "
+               f"{step}, {100 * k / len(known):.2g}% into the run's {known[-1][0]} steps, and stayed under "
+               f"{LR_COLLAPSE if known[k][1] < LR_COLLAPSE * top else EARLY_DROP:g}× its highest to the "
                f"end; the loss went from {before:.4g} to {end:.4g} over the rest{of}",
                ("a scheduler was stepped after every optimizer step: " if stepped else "") +
                "a scheduler stepped per batch where it was meant per epoch (StepLR and ExponentialLR count their own "
