@@ -503,7 +503,27 @@ def test_shard_cuts_batch_tensors_and_target_only():
     x, mask, target = torch.arange(24.).reshape(6, 4), torch.ones(3, 3), torch.arange(6)
     inputs, tgt, text = shard(ModelInputs((x,), {"mask": mask}), target, Ranks(1, 2, 1))
     assert torch.equal(inputs.args[0], x[3:6]) and inputs.kwargs["mask"] is mask
-    assert torch.equal(tgt, target[3:6]) and text == "rows 3:6 of 6"
+    assert torch.equal(tgt, target[3:6]) and text == "rows 3:6 of 6; given whole to every rank: mask (3x3)"
+
+
+def test_a_model_that_raised_on_cut_and_whole_inputs_is_told_what_was_cut():
+    """A new user's EmbeddingBag under torchrun: its flat ids were cut 20/20 and every offset went to both ranks; the
+    model's error said "the model's own code raised", where torchdiag's cut was the cause. The hint says what was cut
+    and what was given whole; with every input cut, the model's own hint stands."""
+    from types import SimpleNamespace
+
+    from torchdiag.core.tracking import RAISED_HINT
+    from torchdiag.errors import ModelError
+    from torchdiag.runner.ranks import _cut_hint
+
+    def hinted(shard):
+        err = ModelError("forward failed in emb (EmbeddingBag): offsets[-1] ...", hint=RAISED_HINT)
+        _cut_hint(err, SimpleNamespace(ctx=SimpleNamespace(header={"batch_shard": shard})))
+        return err.hint
+
+    said = hinted("rows 0:20 of 40; given whole to every rank: input[1] (4)")
+    assert said.startswith("torchrun cut the inputs along dim 0 (rows 0:20 of 40; given whole to every rank: input[1]")
+    assert hinted("rows 0:20 of 40") == RAISED_HINT
 
 
 def test_an_error_every_rank_had_is_said_once_and_the_others_by_their_rank():

@@ -163,12 +163,26 @@ def _run_rank(job: Job, spec, sess, diagnostic, o, local: Local) -> dict:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:   # noqa: B036 — the ladder sorts every exception (outcome.failed)
+        _cut_hint(exc, local)
         out = failed(exc, local.ctx, job.caller)
         if out.code == ExitCode.INTERNAL:
             local.trace = out.trace
         rec = _error(r, out, local)
         rec["error"]["echo"] = bool(getattr(exc, "follows_peer", False))   # a peer's failure seen here: never the lead
         return rec
+
+
+def _cut_hint(exc, local: Local) -> None:
+    """The model raised on its rank's rows where torchrun cut some inputs and gave others whole: they may index into
+    each other along dim 0 (a new user's EmbeddingBag: flat ids cut 20/20, every offset on both ranks; "the model's
+    own code raised"), so the hint says what was cut."""
+    from ..core.tracking import RAISED_HINT
+
+    shard = (getattr(local.ctx, "header", None) or {}).get("batch_shard", "")
+    if isinstance(exc, DiagError) and exc.hint == RAISED_HINT and "given whole to every rank" in shard:
+        exc.hint = (f"torchrun cut the inputs along dim 0 ({shard}): inputs that index into each other (an "
+                    "EmbeddingBag's offsets into flat ids, a packed sequence's lengths) are cut apart; run it in one "
+                    "process, or give inputs whose dim 0 is the batch in every tensor")
 
 
 def _interrupted(result) -> None:
