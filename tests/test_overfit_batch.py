@@ -1632,6 +1632,39 @@ def test_updates_rounding_away_are_counted_against_the_elements_that_get_a_gradi
     assert api_run("overfit-batch", model(), (text, offsets), target=target).data["passed"]
 
 
+def test_the_floor_of_positions_alike_in_answer_and_unlike_in_target():
+    """ambiguity.floor by hand: rows grouped by their answer at the first step and at the last, each group's targets'
+    entropy, over every position. Rows alike only at the first step are no group (the model told them apart)."""
+    from torchdiag.diagnostics.overfit_batch.ambiguity import answers, floor
+
+    first = torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [0.5, 0.1], [0.5, 0.1], [3.0, 3.0]])
+    last = first.clone()
+    last[2] += 1   # told apart from rows 0 and 1 by the end
+    targets = torch.tensor([0, 1, 1, 2, 2, 0])
+    want = -(math.log(1 / 2) + math.log(1 / 2)) / 6   # rows 0, 1: one of each target; rows 3, 4 agree
+    assert floor(answers(first), answers(last), targets) == pytest.approx(want)
+
+
+def test_a_batch_with_one_input_twice_under_two_labels_passes_at_its_floor():
+    """A new user's GPT from a trained checkpoint levelled at 0.0169 x its start (two windows with the same first
+    character and different next ones) against 0.01: cannot-overfit after 3,000 steps. Here: one input twice in a batch
+    of 8, labelled 0 and 1. No weights take the loss below 2 ln 2 / 8: memorised as far as the batch allows, PASS
+    (info), and the run stops at the budget once there."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 6, generator=g)
+    x[1] = x[0]
+    y = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    r = overfit(model, x, target=y)
+    assert r.exit_code == 0 and r.data["passed"] and codes(r) == ["batch-floor"], [f.to_dict() for f in r.findings]
+    assert r.data["floor"] == pytest.approx(2 * math.log(2) / 8, rel=1e-6) and r.data["steps"] <= 1000
+    x[1] = x[0] + 0.5   # distinct inputs: no floor, the target as before
+    torch.manual_seed(0)
+    r = overfit(torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)), x, target=y)
+    assert r.verdict.startswith("PASS: loss") and "batch-floor" not in codes(r), r.verdict
+
+
 def test_a_cause_that_has_not_stopped_the_fall_is_not_an_error():
     """A sweep: bfloat16 Mistral at --steps 100 was cannot-overfit (0.0107 x initial) because five RMSNorm weights'
     updates round away, yet --steps 150 memorised the batch at step 108. A fall projected to the target within as

@@ -61,6 +61,7 @@ class Curve:
     differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
     first_box: tuple | None = None
     first_bounds: tuple | None = None       # made-up mse: the output's (lowest, highest) value at step 0
+    first_answers: object = None            # cross-entropy: a group id per position by its logits at step 0 (ambiguity)
     constant: float | None = None           # made-up mse: the loss of answering every sample with the target's mean
     seconds: float = 0.0
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
@@ -85,6 +86,17 @@ class Curve:
         the target's scale (an initial loss of about 2) keeps the initial as its yardstick."""
         first = self.losses[0]
         return min(first, CONSTANT_TIMES * self.constant) if self.constant is not None and 0 < self.constant else first
+
+
+def _answers(out, loss):
+    """ambiguity.answers of the output's cross-entropy rows at step 0, or None (another loss, or too large)."""
+    import torch
+
+    from .ambiguity import answers, rows_and_targets
+
+    with torch.no_grad():
+        found = rows_and_targets(out, loss)
+        return answers(found[0]) if found is not None and found[0].shape[0] > 1 else None
 
 
 class Trainer:
@@ -297,6 +309,13 @@ class Trainer:
         from .causes import made_target_floor
 
         c, ratio = self.curve, self.opts.target_ratio
+        if self.opts.target_loss is None and not self.sharded and c.first_answers is not None:
+            from .ambiguity import batch_floor
+
+            with torch.no_grad():
+                floor = batch_floor(c.first_answers, out, self.loss_fn)
+            if 0 < floor < c.yardstick and c.losses[-1] - floor <= ratio * (c.yardstick - floor):
+                return True
         if self.opts.target_loss is not None or not getattr(self.loss_fn, "made_target", False) or self.sharded:
             return False
         start = c.first_terms[0][1] if c.first_terms else c.losses[0]   # the first output's own term
@@ -377,6 +396,7 @@ class Trainer:
             c.first_box = output_box(out, self.loss_fn)
             c.first_bounds = start_bounds(out, self.loss_fn)
             c.constant = constant_loss(out, self.loss_fn)
+            c.first_answers = _answers(out, self.loss_fn)
             if lv < 0 and self.opts.target_loss is None and math.isfinite(lv):
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "

@@ -56,7 +56,7 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None, 
         result.findings = [f for f in result.findings if f.code != "loss-rose"]   # lr-too-large says it
     else:
         _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range,
-                 causes.term_floors, held)
+                 causes.term_floors, held, causes.batch_floor)
     return result
 
 
@@ -471,11 +471,13 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
 
 
 def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False,
-             out_of_range: dict | None = None, term_floors: list | None = None, held=None) -> None:
+             out_of_range: dict | None = None, term_floors: list | None = None, held=None,
+             batch_floor: float = 0.0) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
-    if not d["passed"] and not found and curve.nonfinite_at is None and _within_range(result, curve, opts, out_of_range):
+    if not d["passed"] and not found and curve.nonfinite_at is None and (
+            _within_range(result, curve, opts, out_of_range) or _at_batch_floor(result, curve, opts, batch_floor)):
         return
     if not d["passed"] and not found and curve.nonfinite_at is None:
         memorised = _at_term_floors(result, trainer, curve, opts, term_floors) or \
@@ -677,6 +679,30 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"PASS: the batch is memorised as far as each output's range allows (loss {_fmt(curve.losses[0])}"
                       f" → {_fmt(curve.losses[step])} at step {step} of {len(curve.losses) - 1})")
+    return True
+
+
+def _at_batch_floor(result, curve, opts, floor: float) -> bool:
+    """The loss is within the target ratio of its fall to the floor the batch itself allows (ambiguity.py: positions
+    with the same answer from the first step to the last and different targets): memorised as far as the batch
+    allows; info, PASS."""
+    d = result.data
+    final, yard = d["final_loss"], curve.yardstick if curve.losses else None
+    if not (floor > 0 and yard is not None and final is not None and floor < yard) or opts.target_loss is not None:
+        return False
+    if final - floor > opts.target_ratio * (yard - floor):
+        result.notes.append(f"positions with the same answer and different targets leave the loss a floor of "
+                            f"{_fmt(floor)}; the loss went {100 * (yard - final) / (yard - floor):.0f}% of the way "
+                            "there")
+        return False
+    d.update(passed=True, floor=floor)
+    result.add("batch-floor", "info", "", f"some positions of the batch get the same answer from the model from the "
+               f"first step to the last (the same input, or the same context) while their targets differ: no weights "
+               f"take the loss below {_fmt(floor)}, their targets' entropy; the loss reached {_fmt(final)}, the batch "
+               "memorised as far as it allows",
+               hint="a batch of distinct inputs (or contexts) judges it without this floor")
+    result.verdict = (f"PASS: the batch is memorised as far as it allows: loss {_fmt(d['initial_loss'])} → "
+                      f"{_fmt(final)}, its floor {_fmt(floor)}")
     return True
 
 
