@@ -1252,6 +1252,22 @@ def test_two_starved_optimizers_each_get_their_own_cause():
     assert sum("gone by the step" in m for m in messages) == 1 and sum("left them no gradient" in m for m in messages) == 1
 
 
+def test_an_optimizer_stepped_with_no_backward_in_the_run_is_told_so():
+    """A sweep: a Lightning training_step that returned None (a forgotten `return loss`): Lightning skips the backward
+    and still steps, 192 times; the hint said to build the optimizer after .to(), which had been done."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    with Watch(model, opt, every=5) as w:
+        for _ in range(20):
+            F.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 2, (16,)))   # computed, never backpropagated
+            opt.step()
+            opt.zero_grad()
+    (f,) = [f for f in w.result().findings if f.code == "never-gets-grad"]
+    assert f.severity == "error" and "no loss.backward() ran in the whole run" in f.message, f.message
+    assert "return the loss from training_step" in f.hint
+
+
 def test_a_starved_optimizer_among_several_is_named_by_its_parameters_path():
     """A sweep's GAN computed the generator's loss on a detached fake: "never-gets-grad optimizer 1" named nothing
     the user sees. It is named by the path its parameters share (the generator's)."""
@@ -2441,6 +2457,41 @@ def test_epoch_milestones_stepped_per_batch_are_said_though_the_loss_creeps_down
     assert len(found) == per_batch, [f.message for f in found]
     if per_batch:
         assert "by step 10," in found[0].message and "stepped after every optimizer step" in found[0].hint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lr", [1.0, 1e-3])
+def test_a_blow_up_that_comes_back_part_of_the_way_and_ends_above_its_start_is_diverged(lr):
+    """A sweep: HF Trainer's GPT-2 at learning_rate=1.0 went 4.01 at step 1 to a running median of ~150, then back to
+    5.9: above the untrained model's loss, the token table 100x, and watch passed ("loss 130 -> 6.019"): the rule
+    asked every median after the first window to stay at 2x the first loss. A median at 10x it counts too, where
+    the run ends above its start and the weights grew 10x. The same run at 1e-3 is healthy (1.66 at the end)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    ids = (torch.randint(0, 64, (1024, 1), generator=g) + torch.randint(1, 4, (1024, 1), generator=g)
+           * torch.arange(24)) % 64   # arithmetic sequences: learnable
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2,
+                                                                 n_head=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=128)
+    losses = []
+    with Watch(model, opt, every=20) as w:
+        for step in range(128):
+            b = ids[(step * 32) % 1024:(step * 32) % 1024 + 32]
+            loss = model(input_ids=b, labels=b).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    found = [f for f in w.result().findings if f.severity != "info"]
+    if lr == 1.0:   # the premise: a blow-up past 10x, an end above the start
+        assert max(losses) > 10 * losses[0] and statistics.median(losses[-12:]) > losses[0]
+        assert [f.code for f in found] == ["loss-diverged"], [f.message for f in found]
+        assert "came back only part of the way" in found[0].message
+    else:
+        assert found == [] and losses[-1] < 0.5 * losses[0], [f.message for f in found]
 
 
 def test_torchs_scheduler_warning_still_names_the_users_line():

@@ -49,6 +49,7 @@ ONE_BATCH = 1e-3       # ... under this spread of the log-loss from step to step
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
+BLOWN_PEAK = 10.0      # ... after every running median at 2x the first loss, or one at this many times it
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 REACH_TURNS = 4        # changes between sets of parameters steps' gradients reached: tasks taken in turns, not phases
 REACH_MIN = 10         # ... between sets of this many steps at least (a rarer set's steps join the nearest group)
@@ -112,7 +113,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
                             "in those forwards (their tensors are the transform's wrappers)")
     if engine.loss_seen is False and engine.step:   # no step: nothing to say of losses (a script that failed first)
         result.notes.append("no loss was seen (backward was not called on a scalar through Tensor.backward): "
-                            "loss findings need w.log('loss', value)")
+                            "loss findings need one, or in Python w.log('loss', value)")
     _verdict(result, engine, interrupted, failure)
     result.data["final_metrics"] = final_metrics(result)
     _summary(result, engine)
@@ -379,7 +380,8 @@ def _wiring(result: Result, engine) -> None:
         result.add("grad-carried-over", "error", where, f"gradients from the previous step{whose} were still there at "
                    f"the next backward after {len(carried)} of the {len(steps)} steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
-                   "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+                   "call optimizer.zero_grad() once per step (or, if this is on purpose, pass accumulate=True; "
+                   "--accumulate on the command line)")
     elif not engine.opts.accumulate:
         _crossed(result, engine)
     elif engine.checks.get("carry_steps") and not carried:   # declared, yet cleared every time (a sweep: the flag a user doing
@@ -513,6 +515,10 @@ def _starved_why(engine, t) -> tuple[str, str]:
     if not (t.roots or engine.holds_any(t.params)):
         return ("; no model called in the run holds them", "build the optimizer from the model you train, after it "
                 "is final: after .to() when it makes new parameters, and not over a model made again since")
+    if not engine.backwards:   # (a sweep: Lightning skips backward for a training_step that returns None, and steps)
+        return ("; no loss.backward() ran in the whole run",
+                "call loss.backward() before each optimizer.step(); under Lightning, return the loss from "
+                "training_step (a None return skips the backward, not the step)")
     gave = t.backward_gave
     # zero_grad(), step(), backward() (a sweep: told to move zero_grad(), which came first already) gives the same
     # calls as a first step before the loop, then backward(), zero_grad(), step() (a review): both are said
@@ -1207,10 +1213,12 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
     diverged = _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1])
     if not diverged and growth is not None and growth >= BLOWN_GROWTH and _held_above_first(values, med, w):
         low = min(range(w - 1, len(med)), key=lambda i: med[i])
+        top = max(range(w - 1, len(med)), key=lambda i: med[i])
+        back = (f"never came back: at least {med[low]:.4g} (step {pairs[low][0]})" if med[low] >= 2 * values[0] else
+                f"came back only part of the way: {med[top]:.4g} at step {pairs[top][0]}, above its start to the end")
         result.add("loss-diverged", "error", "", f"the loss went from {values[0]:.4g} at step {pairs[0][0]} (before its "
                    f"update) to {med[w - 1]:.4g} (running median, step {pairs[w - 1][0]}) and "
-                   f"never came back: at least {med[low]:.4g} (step {pairs[low][0]}), {med[-1]:.4g} at step "
-                   f"{pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run (from where it started, or from a "
+                   f"{back}, {med[-1]:.4g} at step {pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run (from where it started, or from a "
                    f"standard initialisation's scale where it started below){of}",
                    "the updates outgrew the weights and left the model worse than it started: lower the learning rate "
                    "(10× for a start), or look for an update that climbs the loss (a negated loss, maximize=True)")
@@ -1270,7 +1278,8 @@ def _plateau_hint(growth: float | None, end: float, first: float) -> str:
 
 def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     """Every running median from the first full window on at least twice the first step's loss (the weights as they
-    came, before any update), and the run's end above it by BLOWN_K robust standard deviations of the per-step
+    came, before any update), or one at BLOWN_PEAK times it (a sweep: HF Trainer's GPT-2 at learning_rate=1.0, 4.01
+    at step 1, a median of ~150 by step 12, back to 5.9, val loss worse than untrained and wte 100x), and the run's end above it by BLOWN_K robust standard deviations of the per-step
     log-losses about their trend (a first batch that was only a lucky one is not where the run started). The end,
     not the lowest of the medians: a climb under way in the first window (a warm-up to Adam at lr 2: 1.34, a first
     window's median of 5.1, 115 at the end, the weights 129x) put its lowest within the spread its own chaos made (a
@@ -1281,7 +1290,7 @@ def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     if values[0] <= 0 or min(values) < 0:
         return False
     low = min(med[w - 1:])
-    if low < 2 * values[0]:
+    if low < 2 * values[0] and max(med[w - 1:]) < BLOWN_PEAK * values[0]:
         return False
     return math.log(med[-1] / values[0]) > BLOWN_K * _step_noise([math.log(v) for v in values if v > 0], w)
 
