@@ -393,6 +393,24 @@ def test_an_encoder_decoders_logits_are_next_token_predictions_of_its_decoder_id
 
 
 
+def test_a_scalar_output_below_zero_is_left_out_of_the_auto_loss():
+    """A sweep: pytorch-tabnet returns (logits, M_loss), a sparsity term at -0.8 that its own training subtracts
+    (`loss - lambda_sparse * M_loss`); added as is, the sum went below 0 and overfit-batch refused the loss torchdiag
+    itself made (exit 2, "give --target-loss"). A scalar below 0 at the first call is no loss to minimise as it is:
+    left out, and said; one above 0 is still the model's own auxiliary loss."""
+    torch.manual_seed(0)
+    head, aux = torch.nn.Linear(4, 3), torch.nn.Linear(4, 1)
+    x = torch.randn(5, 4)
+    logits = head(x)
+    loss = Loss("auto", seed=0)
+    value = loss((logits, -aux(x).square().mean() - 0.5))
+    assert value.item() == pytest.approx(F.cross_entropy(logits, seeded_classes(5, 3, 0)).item(), rel=1e-6)
+    assert "not added: output[1] (a scalar below 0 at the start" in loss.describe(), loss.describe()
+    positive = Loss("auto", seed=0)
+    positive((logits, aux(x).square().mean()))
+    assert positive.describe().endswith(" + output[1] itself"), positive.describe()
+
+
 @pytest.mark.parametrize("split", ["squeezed", "split", "indexed"])
 def test_a_head_split_into_outputs_gets_a_term_for_each(split):
     """A sweep: ALBERT's QA head is one Linear(hidden, 2) split into start and end logits. The end logits' weights are

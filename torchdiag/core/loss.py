@@ -159,6 +159,7 @@ class Loss:
     terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
     fills: Any = None             # () -> core.fills.Fills of the run's forward (Context.fills), or None
     loss_of: Any = None           # auto: the output the model's own loss beside it is a loss of ("" none; _own_loss)
+    below_zero: Any = None        # auto: labels of scalar outputs below 0 at the first call, left out (_below_zero)
     own_label: str = ""           # ... and that loss's label
     fill_masks: Any = None        # label -> the fill positions a made-up term leaves out, or None (decided once)
     fill_notes: Any = None        # label -> what the header says of them ("" when they changed nothing)
@@ -196,6 +197,9 @@ class Loss:
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
                      "--loss PATH:fn)")
+        if self.below_zero and self.chosen != "model":
+            text += (f"; not added: {', '.join(sorted(self.below_zero))} (a scalar below 0 at the start: no loss to "
+                     "minimise as it is; --loss PATH:fn adds it with its sign)")
         if self.reached_already and self.chosen != "model":
             text += (f"; not added: {', '.join(sorted(self.reached_already))} (every weight behind it already "
                      f"reaches {self.picked})")
@@ -304,8 +308,9 @@ class Loss:
             others = [(label, t) for label, t in others if label in self.with_path]
         if self.reached_already is None:   # decided on the first call, kept for every step
             self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim()])
+            self.below_zero = _below_zero([(label, t) for label, t in others if t.dim() == 0])
         for k, (label, t) in enumerate(others, start=1):
-            if label in self.reached_already:
+            if label in self.reached_already or label in (self.below_zero or ()):
                 continue
             if t.dim() == 0:
                 rule, target = "model", None
@@ -555,6 +560,18 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     except Exception:   # the real run reports the model's own errors, with their module
         return None
     return None
+
+
+def _below_zero(scalars: list) -> set:
+    """Labels of the scalar outputs below 0 (one read): no loss bounded below by 0, and one the model's own training
+    may subtract (pytorch-tabnet's sparsity term, -0.8 at the start, `loss - lambda_sparse * M_loss`: added as is, the
+    made-up sum went below 0 and overfit-batch refused its own loss, exit 2)."""
+    import torch
+
+    if not scalars or not _has_values(*[t for _, t in scalars]):
+        return set()
+    values = torch.stack([t.detach().float().reshape(()) for _, t in scalars]).tolist()
+    return {label for (label, _), v in zip(scalars, values) if v < 0}
 
 
 def _of_softmax(scalar, y) -> bool:
