@@ -1155,6 +1155,8 @@ def test_dict_keys_the_forward_does_not_take_are_a_usage_error_naming_the_field_
     with pytest.raises(UsageError) as exc:
         run_data(loader, Options(**QUICK), context("cpu"), model=_OneInput())
     assert "takes no 'image' or 'mask'" in exc.value.message and "--input-field KEY --target-field KEY" in exc.value.hint
+    with pytest.raises(UsageError):   # a review: through a wrapper's forward(*inputs, **kwargs) too
+        run_data(loader, Options(**QUICK), context("cpu"), model=torch.nn.DataParallel(_OneInput()))
     r = run_data(loader, Options(**QUICK, input_field="image", target_field="mask"), context("cpu"), model=_OneInput())
     assert r.header["fields"].startswith("input image, target mask"), r.header["fields"]
 

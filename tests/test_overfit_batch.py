@@ -1632,6 +1632,18 @@ def test_updates_rounding_away_are_counted_against_the_elements_that_get_a_gradi
     assert api_run("overfit-batch", model(), (text, offsets), target=target).data["passed"]
 
 
+def test_a_class_per_position_on_the_last_dimension_asks_batch_accuracy_too():
+    """A review: (N, T) next ids against (N, T, V) logits dropped overfit-batch's batch-accuracy requirement (the
+    accuracy read dim 1). It reads the last dimension, as the loss does; checked against an argmax by hand."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(30, 32), torch.nn.Linear(32, 30))
+    ids = torch.randperm(30, generator=torch.Generator().manual_seed(1))[:24].view(4, 6)   # no id twice: no floor
+    target = torch.roll(ids, -1, dims=1)
+    r = overfit(model, ids, target=target)
+    assert r.header["target"].endswith("and batch accuracy 100%"), r.header["target"]
+    assert r.data["passed"] and r.data["final_accuracy"] == 1.0
+
+
 def test_the_floor_of_positions_alike_in_answer_and_unlike_in_target():
     """ambiguity.floor by hand: rows grouped by their answer at the first step and at the last, each group's targets'
     entropy, over every position. Rows alike only at the first step are no group (the model told them apart)."""

@@ -180,6 +180,10 @@ def unread_keywords(roles: Roles, model) -> list[str]:
 
     if model is None or roles.structure != "dict" or len(roles.inputs) < 2:
         return []
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while isinstance(model, (DataParallel, DistributedDataParallel)):   # their forward(*inputs, **kwargs) passes on
+        model = model.module
     try:
         params = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):

@@ -160,6 +160,7 @@ class Loss:
     fills: Any = None             # () -> core.fills.Fills of the run's forward (Context.fills), or None
     loss_of: Any = None           # auto: the output the model's own loss beside it is a loss of ("" none; _own_loss)
     below_zero: Any = None        # auto: labels of scalar outputs below 0 at the first call, left out (_below_zero)
+    both_layouts: bool = False    # a given class target that fits dimension 1 and the last alike (classes_last)
     own_label: str = ""           # ... and that loss's label
     fill_masks: Any = None        # label -> the fill positions a made-up term leaves out, or None (decided once)
     fill_notes: Any = None        # label -> what the header says of them ("" when they changed nothing)
@@ -169,8 +170,8 @@ class Loss:
             text = f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
                 f"the scalar output itself ({self.picked})"
             if self.loss_of:
-                text = (f"the model's own loss ({self.picked}: a loss of {self.loss_of}'s softmax, as its gradient "
-                        "shows)")
+                text = (f"the model's own loss ({self.picked}: a cross-entropy of {self.loss_of} against hard "
+                        "targets, as its gradient shows)")
             if self.loss_values:
                 text = f"the mean of the model's own loss ({self.picked}, {self.loss_values} values)"
         else:
@@ -183,6 +184,9 @@ class Loss:
                 text += self._fills_said(self.picked)
             if self.chosen == "cross_entropy" and self.made_target:
                 text += self._fills_said(self.picked)
+            if self.chosen == "cross_entropy" and self.both_layouts:
+                text += (" (its shape fits the classes on dimension 1 and on the last alike: dimension 1 taken, "
+                         "torch's layout; a --loss PATH:fn of your own for the other)")
             if self.chosen == "token_cross_entropy":
                 text = (f"cross_entropy on {self.picked} against the given target, a class per position along the "
                         "logits' last dimension")
@@ -273,8 +277,8 @@ class Loss:
         return self._cover_rest(out, y, kind, value)
 
     def _own_loss(self, out, y):
-        """auto: `y`, or the model's own loss when an output beside it is one: a scalar of `y`'s softmax, told by
-        its gradient on `y` summing to 0 over the classes (nanoGPT's `(logits, loss)` given its targets was judged on
+        """auto: `y`, or the model's own loss when an output beside it is one: a cross-entropy of `y` against hard
+        targets, told by its gradient on `y` (_of_softmax; nanoGPT's `(logits, loss)` given its targets was judged on
         its loss plus a made-up next-token loss, twice what it trains on; a z-loss or an auxiliary loss of other
         weights is no such function and stays a term beside `y`). Decided on the first call with grad on (one
         backward through the loss alone, one read), kept for every step."""
@@ -356,8 +360,8 @@ class Loss:
         if kind == "cross_entropy" and self.target is not None and classes_last(y, self.target):
             kind = self.chosen = "token_cross_entropy"
         if kind == "token_cross_entropy":   # (N, T, V) logits, (N, T) ids: the classes on the last dimension
-            y = y.movedim(-1, 1)
-            if self.checked_classes != y.shape[1] and _check_classes(self.target, y):
+            shape, y = tuple(y.shape), y.movedim(-1, 1)
+            if self.checked_classes != y.shape[1] and _check_classes(self.target, y, shape):
                 self.checked_classes = y.shape[1]
             return _checked(F.cross_entropy, y.float(), self.target.to(y.device), "cross_entropy")
         if kind == "cross_entropy":
@@ -377,6 +381,7 @@ class Loss:
                 self.made_target, self.checked_classes = True, y.shape[1]   # in range as drawn: no check to read
                 self.target = self._off_fills(y, self.target, g)
             elif not self.target.is_floating_point() and self.checked_classes != y.shape[1]:
+                self.both_layouts = classes_last(y, self.target, either=True)
                 if _check_classes(self.target, y):   # once: on CUDA a bad index is a device assert
                     self.checked_classes = y.shape[1]
             return _checked(F.cross_entropy, y.float(), self.target.to(y.device), "cross_entropy")
@@ -575,8 +580,10 @@ def _below_zero(scalars: list) -> set:
 
 
 def _of_softmax(scalar, y) -> bool:
-    """`scalar` is a function of softmax(y) over its classes (dim 1 or the last): its gradient on y sums to 0 along
-    that dimension in every row (softmax does not change when a row is shifted), and is not 0 throughout."""
+    """`scalar` is a cross-entropy of y's softmax against hard targets (a mean over positions, ignored ones aside): its
+    gradient on y is (softmax - one-hot) / M, so in every row the gradient over the probability is one constant for
+    every class but one (the target's; told where its probability is above 1e-6). An entropy, a KL to a teacher or a prior, a z-loss, label smoothing: not (a review: an
+    entropy regulariser beside the logits was taken for the model's loss, and a --batch target thrown away)."""
     import torch
 
     try:
@@ -585,11 +592,20 @@ def _of_softmax(scalar, y) -> bool:
         return False
     if g is None:
         return False
-    g = g.detach().double()
-    dims = {1, y.dim() - 1}
-    sums = torch.stack([g.sum(d).abs().amax() / g.abs().sum(d).amax().clamp_min(1e-300) for d in sorted(dims)])
-    top, *ratios = torch.cat([g.abs().amax().reshape(1), sums]).tolist()
-    return top > 0 and min(ratios) < 1e-6
+    for dim in sorted({1, y.dim() - 1}):
+        rows = g.detach().double().movedim(dim, -1).reshape(-1, y.shape[dim])
+        p = torch.softmax(y.detach().double().movedim(dim, -1).reshape(-1, y.shape[dim]), -1)
+        live = rows.abs().amax(1) > 0
+        if not bool(live.any()):
+            continue
+        rows, p = rows[live], p[live]
+        ratio = torch.where(p > 1e-6, rows / p, torch.nan)
+        scale = ratio.nanmedian(1, keepdim=True).values
+        off = ((ratio - scale).abs() > 1e-3 * scale.abs()) & (p > 1e-6)
+        count = off.sum(1)   # (0 in every row: a z-loss, the same ratio for every class)
+        if bool((scale > 0).all()) and bool((count <= 1).all()) and float((count == 1).double().mean()) >= 0.5:
+            return True
+    return False
 
 
 def _weights(t) -> set | None:
@@ -610,19 +626,24 @@ def _weights(t) -> set | None:
     return leaves
 
 
-# autograd nodes of ops that take a piece of a tensor or view it otherwise, computing nothing (_base)
-_PIECES = ("Split", "Select", "Slice", "Squeeze", "Unsqueeze", "View", "UnsafeView", "Unbind", "Narrow", "Transpose",
-           "Permute", "Reshape", "AsStrided", "Expand", "Clone", "Alias", "T", "Index")
+# autograd nodes of ops that take a part of a tensor, or view it whole, computing nothing (_base)
+_PARTS = ("Split", "SplitWithSizes", "Select", "Slice", "Unbind", "Narrow", "Index", "AsStrided")
+_VIEWS = ("Squeeze", "Unsqueeze", "View", "UnsafeView", "Transpose", "Permute", "Reshape", "ReshapeAlias", "Expand",
+          "Clone", "Alias", "T")
 
 
-def _base(t) -> tuple | None:
-    """(id of the node, which of its outputs) of the tensor `t` is a piece or view of, past the ops that only cut or
-    view (`_PIECES`); None without a graph."""
-    fn, nr = t.grad_fn, t.output_nr
-    while fn is not None and type(fn).__name__.rstrip("0123456789").removesuffix("Backward") in _PIECES \
-            and len(fn.next_functions) >= 1 and fn.next_functions[0][0] is not None:
+def _base(t) -> tuple[tuple | None, bool]:
+    """((id of the node, which of its outputs) of the tensor `t` is a part or view of, past the ops that only cut or
+    view; None without a graph), and whether a cut was among them (a Linear on a 3-D input ends in a view of its
+    matmul: no part)."""
+    fn, nr, cut = t.grad_fn, t.output_nr, False
+    while fn is not None and fn.next_functions and fn.next_functions[0][0] is not None:
+        kind = type(fn).__name__.rstrip("0123456789").removesuffix("Backward")
+        if kind not in _PARTS and kind not in _VIEWS:
+            break
+        cut = cut or kind in _PARTS
         fn, nr = fn.next_functions[0]
-    return None if fn is None else (id(fn), nr)
+    return (None if fn is None else (id(fn), nr)), cut
 
 
 def _reached_through(y, others: list) -> set:
@@ -635,21 +656,25 @@ def _reached_through(y, others: list) -> set:
     primary = _weights(y)
     if not primary:
         return set()
-    base = _base(y)
+    base, piece = _base(y)   # (only where y is a part itself: a view or slice of the whole primary adds nothing, a review)
     out = set()
     for label, t in others:
         mine = _weights(t)
-        if mine and mine <= primary and (base is None or _base(t) != base):
+        if mine and mine <= primary and not (piece and base is not None and _base(t)[0] == base):
             out.add(label)
     return out
 
 
-def classes_last(y, target) -> bool:
+def classes_last(y, target, either: bool = False) -> bool:
     """Integer targets shaped as the output without its last dimension (a language model's (N, T) next ids against
     (N, T, V) logits), and not as torch's class-on-dimension-1 layout (N, d1, ...) would have them: class indices
-    along the last dimension (a new user's GPT batch was refused, "Expected target size [8, 65], got [8, 32]")."""
-    return (not target.is_floating_point() and y.dim() >= 3 and y.is_floating_point()
-            and tuple(target.shape) == tuple(y.shape[:-1]) and tuple(target.shape) != (y.shape[0], *y.shape[2:]))
+    along the last dimension (a new user's GPT batch was refused, "Expected target size [8, 65], got [8, 32]").
+    `either`: shaped for both layouts (T == V), which torch's reads (said in the rule: a review's GPT of 32 tokens
+    and context 32 memorised classes along its time axis)."""
+    last = (not target.is_floating_point() and y.dim() >= 3 and y.is_floating_point()
+            and tuple(target.shape) == tuple(y.shape[:-1]))
+    torch_layout = tuple(target.shape) == (y.shape[0], *y.shape[2:])
+    return last and torch_layout if either else last and not torch_layout
 
 
 def _float_classes_hint(target, y) -> str:
@@ -675,7 +700,7 @@ def _has_values(*ts) -> bool:
     return not any(is_fake(t) or t.device.type == "meta" for t in ts)
 
 
-def _check_classes(target, y) -> bool:
+def _check_classes(target, y, shown: tuple | None = None) -> bool:
     """Class indices within [0, C) (ignore_index -100 aside), read back with one host sync. Not on values that cannot
     be read (memory's estimate on fake tensors: a sweep's UNet was said to "read tensor values" for this check)."""
     import torch
@@ -692,7 +717,7 @@ def _check_classes(target, y) -> bool:
     if lo < 0 or hi >= y.shape[1]:
         wrong = keep & ((target < 0) | (target >= y.shape[1]))
         raise UsageError(f"cross_entropy: the target holds class {lo if lo < 0 else hi}, outside [0, {y.shape[1]}) "
-                         f"for an output of shape {tuple(y.shape)}",
+                         f"for an output of shape {shown or tuple(y.shape)}",
                          hint=ignore_label_hint(target[wrong].unique().tolist(), bool((keep & ~wrong).any()))
                          or "the model's class dimension (dim 1) must cover every target class")
     return True

@@ -77,8 +77,8 @@ def same_across_samples(t) -> tuple[bool, float]:
 
 
 def accuracy_counts(out, loss):
-    """(correct, counted) as tensors on the device, for cross-entropy losses (argmax over dim 1;
-    ignore_index -100 skipped); None for other losses. Nothing is read back here."""
+    """(correct, counted) as tensors on the device, for cross-entropy losses (argmax over dim 1, or the last for a
+    class per position there; ignore_index -100 skipped); None for other losses. Nothing is read back here."""
     import torch
 
     if loss.target is None:
@@ -86,11 +86,12 @@ def accuracy_counts(out, loss):
     from ...core.loss import primary_output
 
     y, _ = primary_output(out)
-    if getattr(loss, "chosen", "") != "cross_entropy" and not _class_target(y, loss):
+    chosen = getattr(loss, "chosen", "")
+    if chosen not in ("cross_entropy", "token_cross_entropy") and not _class_target(y, loss):
         return None
     target = loss.target.to(y.device)
-    with torch.no_grad():
-        pred = y.detach().argmax(1)
+    with torch.no_grad():   # (a class per position along the last dimension: a language model's given next ids)
+        pred = y.detach().argmax(-1 if chosen == "token_cross_entropy" else 1)
         if target.is_floating_point():   # class probabilities
             target = target.argmax(1)
         keep = target != -100
