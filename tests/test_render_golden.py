@@ -383,3 +383,11 @@ def test_readable_at_80_and_120_columns(case, width):
         name = row.get("check", row.get("layer"))
         line = next(ln for ln in lines if f"│ {name} " in ln)
         assert f" {row['status']} " in line, (name, line)
+
+
+def test_an_empty_header_value_is_not_printed():
+    """A sweep: watch of a script that failed before its first step printed "optimizers: " and "models: " with
+    nothing after them. Empty values are left out; 0 and False are values."""
+    text = render(Result("watch", header={"every": 10, "optimizers": [], "models": [], "note": "", "seed": 0}))
+    assert "every: 10" in text and "seed: 0" in text, text
+    assert "optimizers" not in text and "models" not in text and "note:" not in text, text
