@@ -52,7 +52,7 @@ def print_result(result, console=None) -> None:
     for note in head.get("input_notes", []):
         con.print(_text(f"  input note: {note}"))
     for key, value in head.items():
-        if key in ("model", "device", "input_source") or key in _HEADER_SKIP or value in ([], ""):
+        if key in ("model", "device", "input_source") or key in _HEADER_SKIP or (isinstance(value, (list, str)) and not value):
             continue   # (nothing to say: watch's "optimizers: " of a script that failed before its first step)
         # a list as its items, not Python's repr of it (a review: "checkpoint: ['w.pt: 6 tensors loaded']")
         shown = "; ".join(map(str, _runs(value))) if isinstance(value, list) else value
