@@ -522,7 +522,8 @@ def test_a_model_that_raised_on_cut_and_whole_inputs_is_told_what_was_cut():
         return err.hint
 
     said = hinted("rows 0:20 of 40; given whole to every rank: input[1] (4)")
-    assert said.startswith("torchrun cut the inputs along dim 0 (rows 0:20 of 40; given whole to every rank: input[1]")
+    assert said.startswith(RAISED_HINT + "; if it runs in one process, torchrun's cut is why: the inputs were cut "
+                           "along dim 0 (rows 0:20 of 40; given whole to every rank: input[1] (4))"), said
     assert hinted("rows 0:20 of 40") == RAISED_HINT
 
 

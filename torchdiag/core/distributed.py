@@ -297,8 +297,8 @@ def shard(inputs, target, ranks: Ranks):
     if target is not None and hasattr(target, "dim"):
         target = cut(target)
     even = "" if n % ranks.world_size == 0 else f"; {n} is not divisible by {ranks.world_size}: the first ranks take one row more"
-    whole = [f"{label} ({'x'.join(map(str, t.shape)) or 'scalar'})" for label, t in inputs.tensors()
-             if not (t.dim() and t.shape[0] == n and not t.is_nested)]
+    whole = [f"{label} ({'nested' if t.is_nested else 'x'.join(map(str, t.shape)) or 'scalar'})"
+             for label, t in inputs.tensors() if t.is_nested or not (t.dim() and t.shape[0] == n)]
     kept = f"; given whole to every rank: {', '.join(whole)}" if whole else ""
     return inputs.map(cut), target, f"rows {start}:{stop} of {n}{even}{kept}"
 

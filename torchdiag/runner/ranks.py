@@ -180,9 +180,11 @@ def _cut_hint(exc, local: Local) -> None:
 
     shard = (getattr(local.ctx, "header", None) or {}).get("batch_shard", "")
     if isinstance(exc, DiagError) and exc.hint == RAISED_HINT and "given whole to every rank" in shard:
-        exc.hint = (f"torchrun cut the inputs along dim 0 ({shard}): inputs that index into each other (an "
-                    "EmbeddingBag's offsets into flat ids, a packed sequence's lengths) are cut apart; run it in one "
-                    "process, or give inputs whose dim 0 is the batch in every tensor")
+        # added, not in place of the hint: a shared mask is the usual whole input, and the model's own bug stays
+        # its own (a review)
+        exc.hint = (f"{RAISED_HINT}; if it runs in one process, torchrun's cut is why: the inputs were cut along "
+                    f"dim 0 ({shard}), and inputs that index into each other (an EmbeddingBag's offsets into flat "
+                    "ids, a packed sequence's lengths) are cut apart")
 
 
 def _interrupted(result) -> None:

@@ -927,7 +927,9 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str, each_step=lambda f
                f"end; the loss went from {before:.4g} to {end:.4g} over the rest{of}",
                ("a scheduler was stepped after every optimizer step: " if stepped else "") +
                "a scheduler stepped per batch where it was meant per epoch (StepLR and ExponentialLR count their own "
-               "step() calls), or a gamma or milestones far too small")
+               "step() calls), or a gamma or milestones far too small"
+               # (the early rule: a short high-rate phase can be on purpose, a review's two-phase schedule)
+               + ("; nothing to do if a short phase at the high rate was the plan" if fell else ""))
 
 
 def _median_se(xs: list[float]) -> float:
