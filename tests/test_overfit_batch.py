@@ -1632,6 +1632,44 @@ def test_updates_rounding_away_are_counted_against_the_elements_that_get_a_gradi
     assert api_run("overfit-batch", model(), (text, offsets), target=target).data["passed"]
 
 
+class _SubsetZeroed(torch.nn.Module):
+    """A mask bug: the samples whose first feature is below 0 reach the MLP as zeros (one answer for all of them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+    def forward(self, x):
+        return self.body(x * (x[:, :1] > 0).float())
+
+
+class _OwnTokenOnly(torch.nn.Module):
+    """A language model whose every position sees its own token alone (no context, no position): a bigram model."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(12, 32), torch.nn.Linear(32, 12)
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.emb(ids)))
+
+
+def test_distinct_inputs_the_model_answers_alike_make_no_batch_floor():
+    """A review: batch-floor passed a mask bug that zeroes some samples (all 16 inputs distinct; PASS at 56% batch
+    accuracy) and a GPT whose attention saw each token alone (all 60 contexts distinct), each at a floor it had made
+    itself, "the same input, or the same context". Positions are grouped by what the model reads for them too:
+    neither passes."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    torch.manual_seed(0)
+    r = overfit(_SubsetZeroed(), x, target=y)
+    assert not r.data["passed"] and "batch-floor" not in codes(r), (r.verdict, codes(r))
+    ids = torch.randint(0, 12, (4, 16), generator=g)
+    torch.manual_seed(0)
+    r = overfit(_OwnTokenOnly(), ids, target=torch.roll(ids, -1, 1))
+    assert not r.data["passed"] and "batch-floor" not in codes(r), (r.verdict, codes(r))
+
+
 def test_a_class_per_position_on_the_last_dimension_asks_batch_accuracy_too():
     """A review: (N, T) next ids against (N, T, V) logits dropped overfit-batch's batch-accuracy requirement (the
     accuracy read dim 1). It reads the last dimension, as the loss does; checked against an argmax by hand."""

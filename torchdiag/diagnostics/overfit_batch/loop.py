@@ -88,15 +88,14 @@ class Curve:
         return min(first, CONSTANT_TIMES * self.constant) if self.constant is not None and 0 < self.constant else first
 
 
-def _answers(out, loss):
-    """ambiguity.answers of the output's cross-entropy rows at step 0, or None (another loss, or too large)."""
+def _answers(out, loss, batch):
+    """ambiguity.first_groups of the output's cross-entropy rows at step 0, or None (another loss, or too large)."""
     import torch
 
-    from .ambiguity import answers, rows_and_targets
+    from .ambiguity import first_groups
 
     with torch.no_grad():
-        found = rows_and_targets(out, loss)
-        return answers(found[0]) if found is not None and found[0].shape[0] > 1 else None
+        return first_groups(out, loss, batch)
 
 
 class Trainer:
@@ -396,7 +395,7 @@ class Trainer:
             c.first_box = output_box(out, self.loss_fn)
             c.first_bounds = start_bounds(out, self.loss_fn)
             c.constant = constant_loss(out, self.loss_fn)
-            c.first_answers = _answers(out, self.loss_fn)
+            c.first_answers = _answers(out, self.loss_fn, self.batch)
             if lv < 0 and self.opts.target_loss is None and math.isfinite(lv):
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "
