@@ -1687,12 +1687,13 @@ def test_the_floor_of_positions_alike_in_answer_and_unlike_in_target():
     entropy, over every position. Rows alike only at the first step are no group (the model told them apart)."""
     from torchdiag.diagnostics.overfit_batch.ambiguity import answers, floor
 
-    first = torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [0.5, 0.1], [0.5, 0.1], [3.0, 3.0]])
+    first = torch.tensor([[1.0, 2.0, 0], [1.0, 2.0, 0], [1.0, 2.0, 0], [0.5, 0.1, 0], [0.5, 0.1, 0], [3.0, 3.0, 0],
+                          [3.0, 3.0, 0]])
     last = first.clone()
     last[2] += 1   # told apart from rows 0 and 1 by the end
-    targets = torch.tensor([0, 1, 1, 2, 2, 0])
-    want = -(math.log(1 / 2) + math.log(1 / 2)) / 6   # rows 0, 1: one of each target; rows 3, 4 agree
-    assert floor(answers(first), answers(last), targets) == pytest.approx(want)
+    targets = torch.tensor([0, 1, 1, 2, 2, 0, -100])   # row 6 is ignored: no group with row 5
+    want = -(math.log(1 / 2) + math.log(1 / 2)) / 6   # rows 0, 1: one of each target; rows 3, 4 agree; 6 kept
+    assert floor(torch.cat([answers(first), answers(last)], 1), targets, 3) == pytest.approx(want)
 
 
 def test_a_batch_with_one_input_twice_under_two_labels_passes_at_its_floor():

@@ -6,26 +6,26 @@ that gave the same answer only once it was trained has collapsed, and one that a
 start has a fault of its own: neither is a floor of the batch).
 A new user's character-level GPT: the first position of two windows starting with the same character and continuing
 differently; from a trained checkpoint the run levelled at 0.0169 x its start, against a target of 0.01, and was
-cannot-overfit."""
+cannot-overfit.
+Host reads: none until a floor is asked (at an extension of the budget, or by the verdict of a run short of its
+target), then one."""
 from __future__ import annotations
 
-import math
-
 ROUND = 1e-4        # logits equal to this share of their largest magnitude count as the same answer
-MAX_VALUES = 5e7    # the most logit values grouped (rows x classes): beyond it no floor is told
+MAX_VALUES = 2e7    # the most values grouped (rows x classes, or a token's ids up to it): beyond it no floor is told
 
 
 def rows_and_targets(out, loss):
-    """(logits as (M, C) float rows, their class targets (M,), the kept positions' mask over all of them, the layout:
-    "sample" or "token") for the cross-entropies torchdiag computes, ignored positions left out; None for any other
-    loss or output (a class per pixel among them: which inputs make a pixel is not told)."""
+    """(logits as (M, C) rows, their class targets (M,), the layout: "sample" or "token") for the cross-entropies
+    torchdiag computes; None for any other loss or output (a class per pixel among them: which inputs make a pixel
+    is not told). No read: ignored targets stay in, as LEFT_OUT."""
     import torch
 
-    from ...core.loss import LEFT_OUT, primary_output
+    from ...core.loss import primary_output
 
     chosen = getattr(loss, "chosen", "")
     y = primary_output(out)[0]
-    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() < 2:
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() < 2 or y.numel() > MAX_VALUES:
         return None
     if chosen == "next_token" and loss.lm is not None and loss.lm.targets is not None:
         rows, t, layout = y[:, :-1].reshape(-1, y.shape[-1]), loss.lm.targets.reshape(-1), "token"
@@ -35,88 +35,118 @@ def rows_and_targets(out, loss):
         rows, t, layout = y, loss.target.reshape(-1), "sample"
     else:
         return None
-    if rows.shape[0] != t.shape[0] or rows.numel() > MAX_VALUES:
+    if rows.shape[0] != t.shape[0] or rows.shape[0] < 2:
         return None
-    keep = t.to(rows.device) != LEFT_OUT
-    return rows.detach().float()[keep], t.to(rows.device)[keep], keep, layout
+    return rows.detach(), t.to(rows.device), layout
+
+
+def answers(rows):
+    """The rows rounded to ROUND of their largest magnitude, as float32 (whole numbers up to 1 / ROUND: exact): rows
+    alike in answer are alike here (no read)."""
+    import torch
+
+    rows = rows.float()
+    return torch.round(rows / (ROUND * rows.abs().amax().clamp_min(1e-30)))
 
 
 def same_inputs(batch, loss, layout: str, n: int):
-    """A group id per position (all of them, kept or not) by what the model reads for it: a sample's every input
-    row (inputs whose dim 0 is the batch), or a token's position and the ids up to it (a language model's ids: the
-    ones torchdiag shifted, or the (N, T) integer input). None where that is not told. Two answers alike from
-    inputs that differ are the model's doing (a mask that zeroes some samples, an attention that ignores the
-    context: a review passed both), not the batch's."""
+    """What the model reads for each of the n positions, one row each (no read): a sample's every input row (inputs
+    whose dim 0 is the batch), or a token's ids up to it, -1 past it (a language model's ids: the ones torchdiag
+    shifted, or the (N, T) integer input). None where that is not told. Two answers alike from inputs that differ
+    are the model's doing (a mask that zeroes some samples, an attention that ignores the context: a review passed
+    both), not the batch's."""
     import torch
 
     if layout == "sample":
-        rows = [t.detach().reshape(n, -1).double() for _, t in batch.tensors()
+        rows = [t.detach().reshape(n, -1).float() for _, t in batch.tensors()
                 if not t.is_nested and t.dim() and t.shape[0] == n and not t.is_complex()]
-        if not rows:
-            return None
-        return torch.unique(torch.cat(rows, 1), dim=0, return_inverse=True)[1]
-    ids = loss.lm.ids if getattr(loss, "chosen", "") == "next_token" else next(
+        return torch.cat(rows, 1) if rows and sum(r.shape[1] for r in rows) * n <= MAX_VALUES else None
+    next_ids = getattr(loss, "chosen", "") == "next_token"
+    ids = loss.lm.ids if next_ids else next(
         (t for _, t in batch.tensors() if not t.is_nested and t.dim() == 2 and not t.is_floating_point()
          and not t.is_complex()), None)
     if ids is None:
         return None
-    b, length = ids.shape
-    if getattr(loss, "chosen", "") == "next_token":
-        length -= 1   # the positions that predict a next id
-    if b * length != n or b * length * ids.shape[1] > MAX_VALUES:
+    b, length = ids.shape[0], ids.shape[1] - (1 if next_ids else 0)   # next ids: the positions that predict one
+    if b * length != n or n * ids.shape[1] > MAX_VALUES:
         return None
     upto = torch.arange(ids.shape[1], device=ids.device)
     prefixes = torch.where(upto[None, :] <= torch.arange(length, device=ids.device)[:, None],   # (length, T)
-                           ids[:, None, :].double(), -1.0)                                     # (b, length, T)
-    return torch.unique(prefixes.reshape(b * length, -1), dim=0, return_inverse=True)[1]
+                           ids[:, None, :].float(), -1.0)                                      # (b, length, T)
+    return prefixes.reshape(n, -1)
 
 
-def answers(rows):
-    """A group id per row: rows equal to ROUND of their largest magnitude share one (on the device)."""
-    import torch
+class FirstGroups:
+    """What the step-0 output and the inputs say of each position (answers and same_inputs, side by side), kept on
+    the device until a floor is asked: no read on a run that passes."""
 
-    scale = float(rows.abs().amax()) or 1.0
-    _, ids = torch.unique(torch.round(rows / (ROUND * scale)), dim=0, return_inverse=True)
-    return ids
-
-
-def floor(first_ids, last_ids, targets) -> float:
-    """The mean cross-entropy no weights can go below: in each group of positions that had the same answer at the
-    first step and at the last, the entropy of their targets (one read)."""
-    import torch
-
-    group = torch.unique(first_ids * (int(last_ids.max()) + 1) + last_ids, return_inverse=True)[1]
-    classes = int(targets.max()) + 1
-    pairs, counts = torch.unique(group * classes + targets, return_counts=True)
-    sizes = torch.bincount(group)[pairs // classes]
-    counts = counts.double()
-    total = float(-(counts * torch.log(counts / sizes.double())).sum())
-    return total / max(1, targets.numel())
+    def __init__(self, key):
+        self.key = key
 
 
-def first_groups(out, loss, batch):
-    """The step-0 groups: positions alike in answer and in what the model reads for them (same_inputs); None where
-    either is not told."""
+def first_groups(out, loss, batch) -> FirstGroups | None:
+    """FirstGroups of a cross-entropy over class rows, or None for any other loss or output, or inputs not told."""
     import torch
 
     found = rows_and_targets(out, loss)
-    if found is None or found[0].shape[0] < 2:
+    if found is None:
         return None
-    rows, _, keep, layout = found
-    inputs = same_inputs(batch, loss, layout, keep.shape[0])
-    if inputs is None:
-        return None
-    alike = answers(rows)
-    return torch.unique(alike * (int(alike.max()) + 1) + inputs.to(alike.device)[keep], return_inverse=True)[1]
+    rows, _, layout = found
+    inputs = same_inputs(batch, loss, layout, rows.shape[0])
+    return None if inputs is None else FirstGroups(torch.cat([answers(rows), inputs.to(rows.device)], 1))
 
 
-def batch_floor(first_ids, out, loss) -> float:
-    """The floor (0 when there is none to tell) of the loss at `out`, against the step-0 groups `first_ids`."""
-    found = rows_and_targets(out, loss)
-    if found is None or first_ids is None:
+def floor(key, targets, classes: int) -> float:
+    """The mean cross-entropy no weights can go below: in each group of positions with equal rows of `key`, the
+    entropy of their targets (LEFT_OUT ones aside). One read: rows are told apart by a seeded random projection
+    (equal rows, equal values; different ones differ but by a coincidence of measure 0) and counted by sorting, with
+    no size that depends on the values (torch.unique reads one back per call)."""
+    import random
+
+    import torch
+
+    from ...core.loss import LEFT_OUT
+
+    n, device = targets.shape[0], targets.device
+    keep = targets != LEFT_OUT
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(key.shape[1], generator=g, dtype=torch.float64).to(device)
+    alone = -(torch.arange(n, device=device, dtype=torch.float64) + 1) * 1e20   # an ignored position: its own group
+    group = torch.where(keep, key.double() @ w, alone)
+    pair = group + torch.where(keep, targets, 0).double() * random.Random(0).gauss(0.0, 1.0)
+    share = _counts(pair).double() / _counts(group).double()
+    total, kept = torch.stack([-(torch.log(share) * keep).sum(), keep.sum().double()]).tolist()
+    return total / kept if kept else 0.0
+
+
+def _counts(values):
+    """For each element, how many elements equal it (sorted, then each run's length from its ends: no read)."""
+    import torch
+
+    order = torch.argsort(values)
+    v = values[order]
+    n = v.shape[0]
+    at = torch.arange(n, device=v.device)
+    first = torch.ones(n, dtype=torch.bool, device=v.device)
+    first[1:] = v[1:] != v[:-1]
+    last = torch.ones(n, dtype=torch.bool, device=v.device)
+    last[:-1] = v[:-1] != v[1:]
+    start = torch.cummax(torch.where(first, at, 0), 0).values
+    end = torch.cummin(torch.where(last, at, n).flip(0), 0).values.flip(0)
+    counts = torch.empty_like(at)
+    counts[order] = end - start + 1
+    return counts
+
+
+def batch_floor(first, out, loss) -> float:
+    """The floor (0 when there is none to tell) of the loss at `out`, against the step-0 FirstGroups `first`."""
+    import math
+
+    import torch
+
+    found = rows_and_targets(out, loss) if first is not None else None
+    if found is None or found[0].shape[0] != first.key.shape[0]:
         return 0.0
-    rows, targets = found[0], found[1]
-    if rows.shape[0] != first_ids.shape[0] or not rows.shape[0]:
-        return 0.0
-    value = floor(first_ids, answers(rows), targets)
+    rows, targets, _ = found
+    value = floor(torch.cat([first.key, answers(rows)], 1), targets, rows.shape[1])
     return value if math.isfinite(value) else 0.0

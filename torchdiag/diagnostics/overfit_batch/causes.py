@@ -3,8 +3,10 @@ changed or only ever got zero gradients, outputs identical across the samples (a
 makes them so), outputs squashed into a box where cross-entropy needs logits."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ...core.device import widened
 from .span import span_floor
@@ -33,7 +35,8 @@ class Causes:
     term_floors: list | None = None  # several terms, the first of a range: each term's {kind, floor} or None (term_floors)
     stranded: dict | None = None     # stranded.find(): samples a dead layer cuts off from every weight before it
     near_same: float | None = None   # the labels' probabilities alike across samples to this, the loss at the entropy
-    batch_floor: float = 0.0         # the cross-entropy floor of positions alike in answer, unlike in target (ambiguity)
+    batch_floor: Any = None          # () -> the cross-entropy floor of positions alike in input and answer, unlike in
+                                     # target (ambiguity.batch_floor: read when a verdict asks)
 
 
 def sample_tensor(out, batch: int | None):
@@ -337,7 +340,7 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
-            causes.batch_floor = batch_floor(curve.first_answers, out, trainer.loss_fn)
+            causes.batch_floor = functools.partial(batch_floor, curve.first_answers, out, trainer.loss_fn)
             if causes.scaled and _can_grow(trainer, _beyond(out, causes.scaled[0])):
                 causes.scaled = None   # the weights scale it themselves: a loss still on its way (a custom dice loss)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term

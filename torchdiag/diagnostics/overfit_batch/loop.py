@@ -61,7 +61,7 @@ class Curve:
     differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
     first_box: tuple | None = None
     first_bounds: tuple | None = None       # made-up mse: the output's (lowest, highest) value at step 0
-    first_answers: object = None            # cross-entropy: a group id per position by its logits at step 0 (ambiguity)
+    first_answers: object = None            # cross-entropy: ambiguity.FirstGroups of step 0 (grouped when asked)
     constant: float | None = None           # made-up mse: the loss of answering every sample with the target's mean
     seconds: float = 0.0
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used

@@ -472,7 +472,7 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
 
 def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False,
              out_of_range: dict | None = None, term_floors: list | None = None, held=None,
-             batch_floor: float = 0.0) -> None:
+             batch_floor=None) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
@@ -682,13 +682,16 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
     return True
 
 
-def _at_batch_floor(result, curve, opts, floor: float) -> bool:
+def _at_batch_floor(result, curve, opts, floor_of) -> bool:
     """The loss is within the target ratio of its fall to the floor the batch itself allows (ambiguity.py: positions
-    with the same answer from the first step to the last and different targets): memorised as far as the batch
-    allows; info, PASS."""
+    with the same input and answer from the first step to the last and different targets): memorised as far as the
+    batch allows; info, PASS. `floor_of`: () -> that floor (read here only)."""
     d = result.data
     final, yard = d["final_loss"], curve.yardstick if curve.losses else None
-    if not (floor > 0 and yard is not None and final is not None and floor < yard) or opts.target_loss is not None:
+    if floor_of is None or yard is None or final is None or opts.target_loss is not None:
+        return False
+    floor = floor_of()
+    if not 0 < floor < yard:
         return False
     if final - floor > opts.target_ratio * (yard - floor):
         result.notes.append(f"positions with the same answer and different targets leave the loss a floor of "
