@@ -1670,6 +1670,29 @@ def test_distinct_inputs_the_model_answers_alike_make_no_batch_floor():
     assert not r.data["passed"] and "batch-floor" not in codes(r), (r.verdict, codes(r))
 
 
+class _ReadsOneInput(torch.nn.Module):
+    """A model that reads only its second input (a bug: the first is dropped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(4, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x, group):
+        return self.head(self.emb(group % 4)) + 0 * x.sum()
+
+
+def test_inputs_the_key_cannot_tell_apart_make_no_batch_floor():
+    """A third review: an input laid out time-first, (T, N, F), was left out of the key, and distinct ids above 2^24
+    merged in float32: a model that read only a 4-valued input passed at that input's floor both times. An input not
+    laid out by sample tells nothing (no floor), and ids are compared exactly."""
+    g = torch.Generator().manual_seed(0)
+    group, y = torch.randint(0, 4, (16,), generator=g), torch.randint(0, 4, (16,), generator=g)
+    for x in (torch.randn(5, 16, 3, generator=g), 2 ** 30 + torch.arange(16)):
+        torch.manual_seed(0)
+        r = overfit(_ReadsOneInput(), (x, group), target=y)
+        assert not r.data["passed"] and "batch-floor" not in codes(r), (x.shape, r.verdict, codes(r))
+
+
 def test_a_class_per_position_on_the_last_dimension_asks_batch_accuracy_too():
     """A review: (N, T) next ids against (N, T, V) logits dropped overfit-batch's batch-accuracy requirement (the
     accuracy read dim 1). It reads the last dimension, as the loss does; checked against an argmax by hand."""
@@ -1693,7 +1716,7 @@ def test_the_floor_of_positions_alike_in_answer_and_unlike_in_target():
     last[2] += 1   # told apart from rows 0 and 1 by the end
     targets = torch.tensor([0, 1, 1, 2, 2, 0, -100])   # row 6 is ignored: no group with row 5
     want = -(math.log(1 / 2) + math.log(1 / 2)) / 6   # rows 0, 1: one of each target; rows 3, 4 agree; 6 kept
-    assert floor(torch.cat([answers(first), answers(last)], 1), targets, 3) == pytest.approx(want)
+    assert floor(answers(first) + 3 * answers(last), targets) == pytest.approx(want)
 
 
 def test_a_batch_with_one_input_twice_under_two_labels_passes_at_its_floor():

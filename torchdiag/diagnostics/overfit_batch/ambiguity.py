@@ -1,18 +1,21 @@
 """The floor a batch itself puts under a cross-entropy: positions whose outputs are the same (the same input, or the
 same context of a language model) with different class targets can at best share one distribution, their targets'
 frequencies, whatever the weights. Told by what the model reads and does: positions grouped by their inputs (a sample's
-rows, a token's position and the ids up to it) and by their logits at the first step and again at the end (a model
-that gave the same answer only once it was trained has collapsed, and one that answers distinct inputs alike from the
-start has a fault of its own: neither is a floor of the batch).
+every input row; a token's position and every per-token input of its sequence, or of its prefix where the model is
+causal) and by their logits at the first step and again at the end (a model that gave the same answer only once it
+was trained has collapsed, and one that answers distinct inputs alike from the start has a fault of its own: neither
+is a floor of the batch). Where an input is not laid out by sample (or by sample and token), nothing is told.
 A new user's character-level GPT: the first position of two windows starting with the same character and continuing
 differently; from a trained checkpoint the run levelled at 0.0169 x its start, against a target of 0.01, and was
 cannot-overfit.
-Host reads: none until a floor is asked (at an extension of the budget, or by the verdict of a run short of its
-target), then one."""
+Rows are compared through seeded random projections in float64 (equal rows, equal values; different ones differ but
+by a coincidence of measure 0; integers exact below 2^53), so the run keeps one value per position, not a copy of
+the logits. Host reads: none until a floor is asked (at an extension of the budget, or by the verdict of a run short
+of its target), then one, and one forward of the trained copy to tell whether it is causal."""
 from __future__ import annotations
 
 ROUND = 1e-4        # logits equal to this share of their largest magnitude count as the same answer
-MAX_VALUES = 2e7    # the most values grouped (rows x classes, or a token's ids up to it): beyond it no floor is told
+MAX_VALUES = 5e7    # the most logit values (rows x classes) grouped: beyond it no floor is told
 
 
 def rows_and_targets(out, loss):
@@ -40,67 +43,106 @@ def rows_and_targets(out, loss):
     return rows.detach(), t.to(rows.device), layout
 
 
+def _project(matrix, seed: int):
+    """One float64 value per row of `matrix` (2-D): its dot product with a seeded random vector (no read)."""
+    import torch
+
+    w = torch.randn(matrix.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return matrix.double() @ w.to(matrix.device)
+
+
 def answers(rows):
-    """The rows rounded to ROUND of their largest magnitude, as float32 (whole numbers up to 1 / ROUND: exact): rows
-    alike in answer are alike here (no read)."""
+    """The rows rounded to ROUND of their largest magnitude, projected: rows alike in answer alike here (no read)."""
     import torch
 
-    rows = rows.float()
-    return torch.round(rows / (ROUND * rows.abs().amax().clamp_min(1e-30)))
+    rows = rows.double()
+    return _project(torch.round(rows / (ROUND * rows.abs().amax().clamp_min(1e-30))), 1)
 
 
-def same_inputs(batch, loss, layout: str, n: int):
-    """What the model reads for each of the n positions, one row each (no read): a sample's every input row (inputs
-    whose dim 0 is the batch), or a token's ids up to it, -1 past it (a language model's ids: the ones torchdiag
-    shifted, or the (N, T) integer input). None where that is not told. Two answers alike from inputs that differ
-    are the model's doing (a mask that zeroes some samples, an attention that ignores the context: a review passed
-    both), not the batch's."""
+def same_inputs(batch, layout: str, n: int, length: int):
+    """What the model reads for each position, projected (no read): {"whole": one value per position} for a sample's
+    every input row, or a token's position and its sequence's every per-token input; and for tokens "prefix" too:
+    the per-token inputs up to the position (used where the model is causal). None where an input tensor is laid out
+    otherwise (not batch-first: a review's time-first GRU input was left out of the key, and a model that read only
+    the other input passed). Two answers alike from inputs that differ are the model's doing (a mask that zeroes some
+    samples, an attention that ignores the context), not the batch's."""
     import torch
 
+    tensors = [t for _, t in batch.tensors() if not t.is_complex()]
+    b = n // length if layout == "token" else n
+    if not tensors or any(t.is_nested or t.dim() == 0 or t.shape[0] != b for t in tensors):
+        return None
     if layout == "sample":
-        rows = [t.detach().reshape(n, -1).float() for _, t in batch.tensors()
-                if not t.is_nested and t.dim() and t.shape[0] == n and not t.is_complex()]
-        return torch.cat(rows, 1) if rows and sum(r.shape[1] for r in rows) * n <= MAX_VALUES else None
-    next_ids = getattr(loss, "chosen", "") == "next_token"
-    ids = loss.lm.ids if next_ids else next(
-        (t for _, t in batch.tensors() if not t.is_nested and t.dim() == 2 and not t.is_floating_point()
-         and not t.is_complex()), None)
-    if ids is None:
+        return {"whole": _project(torch.cat([t.detach().reshape(b, -1).double() for t in tensors], 1), 2)}
+    steps = [t for t in tensors if t.dim() >= 2 and t.shape[1] >= length]
+    if len(steps) != len(tensors):   # every input per token (ids, a mask, token types), the first `length` read
         return None
-    b, length = ids.shape[0], ids.shape[1] - (1 if next_ids else 0)   # next ids: the positions that predict one
-    if b * length != n or n * ids.shape[1] > MAX_VALUES:
-        return None
-    upto = torch.arange(ids.shape[1], device=ids.device)
-    prefixes = torch.where(upto[None, :] <= torch.arange(length, device=ids.device)[:, None],   # (length, T)
-                           ids[:, None, :].float(), -1.0)                                      # (b, length, T)
-    return prefixes.reshape(n, -1)
+    per = torch.cat([t.detach()[:, :length].reshape(b, length, -1).double() for t in steps], 2)   # (b, length, F)
+    token = _project(per.reshape(b * length, -1), 3).reshape(b, length)
+    weight = torch.randn(length, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(token.device)
+    where = torch.arange(length, device=token.device, dtype=torch.float64)[None, :].expand(b, length)
+    prefix = torch.cumsum(token * weight, 1) + 1e3 * where     # (a token's position in the key: its prefix length)
+    whole = (token * weight).sum(1, keepdim=True) + 1e3 * where
+    return {"whole": whole.reshape(-1), "prefix": prefix.reshape(-1)}
 
 
 class FirstGroups:
-    """What the step-0 output and the inputs say of each position (answers and same_inputs, side by side), kept on
-    the device until a floor is asked: no read on a run that passes."""
+    """What the step-0 output and the inputs say of each position, one value each, kept on the device until a floor
+    is asked: no read on a run that passes."""
 
-    def __init__(self, key):
-        self.key = key
+    def __init__(self, first, inputs: dict, layout: str):
+        self.first, self.inputs, self.layout = first, inputs, layout
+        self.by_prefix = False   # the last floor grouped tokens by their prefix (the model was causal): said
+
+    def key(self, causal: bool):
+        self.by_prefix = causal and "prefix" in self.inputs
+        return self.first + 7.0 * self.inputs["prefix" if self.by_prefix else "whole"]
 
 
 def first_groups(out, loss, batch) -> FirstGroups | None:
     """FirstGroups of a cross-entropy over class rows, or None for any other loss or output, or inputs not told."""
-    import torch
-
     found = rows_and_targets(out, loss)
     if found is None:
         return None
+    from ...core.loss import primary_output
+
     rows, _, layout = found
-    inputs = same_inputs(batch, loss, layout, rows.shape[0])
-    return None if inputs is None else FirstGroups(torch.cat([answers(rows), inputs.to(rows.device)], 1))
+    length = rows.shape[0] // int(primary_output(out)[0].shape[0]) if layout == "token" else 1
+    inputs = same_inputs(batch, layout, rows.shape[0], length)
+    return None if inputs is None else FirstGroups(answers(rows), inputs, layout)
 
 
-def floor(key, targets, classes: int) -> float:
-    """The mean cross-entropy no weights can go below: in each group of positions with equal rows of `key`, the
-    entropy of their targets (LEFT_OUT ones aside). One read: rows are told apart by a seeded random projection
-    (equal rows, equal values; different ones differ but by a coincidence of measure 0) and counted by sorting, with
-    no size that depends on the values (torch.unique reads one back per call)."""
+def causal(work, batch, out, autocast) -> bool:
+    """Each position of the trained copy's (N, T, ...) output reads only its prefix: every per-token input changed at
+    its last position leaves the outputs before it as they were (one forward, one read)."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    y = primary_output(out)[0]
+    if not isinstance(y, torch.Tensor) or y.dim() < 3 or y.shape[1] < 2:
+        return False
+    n, length = y.shape[0], y.shape[1]
+
+    def changed(t):
+        if t.is_complex() or t.is_nested or t.dim() < 2 or t.shape[0] != n or t.shape[1] != length:
+            return t
+        t = t.clone()
+        t[:, -1] = t[:, -1] + 1 if t.is_floating_point() else (t[:, -1] + 1) % (t.max() + 1)
+        return t
+
+    with torch.no_grad(), autocast():
+        z = primary_output(batch.map(changed).call(work))[0]
+    if not isinstance(z, torch.Tensor) or z.shape != y.shape:
+        return False
+    before, after = y[:, :-1].double(), z[:, :-1].double()
+    return bool(((after - before).abs() <= 1e-6 * before.abs().amax().clamp_min(1e-30)).all())
+
+
+def floor(group, targets) -> float:
+    """The mean cross-entropy no weights can go below: in each group of positions with equal values of `group`, the
+    entropy of their targets (LEFT_OUT ones aside). One read; counted by sorting, with no size that depends on the
+    values (torch.unique reads one back per call)."""
     import random
 
     import torch
@@ -109,10 +151,8 @@ def floor(key, targets, classes: int) -> float:
 
     n, device = targets.shape[0], targets.device
     keep = targets != LEFT_OUT
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(key.shape[1], generator=g, dtype=torch.float64).to(device)
-    alone = -(torch.arange(n, device=device, dtype=torch.float64) + 1) * 1e20   # an ignored position: its own group
-    group = torch.where(keep, key.double() @ w, alone)
+    alone = -(torch.arange(n, device=device, dtype=torch.float64) + 1) * 1e30   # an ignored position: its own group
+    group = torch.where(keep, group.double(), alone)
     pair = group + torch.where(keep, targets, 0).double() * random.Random(0).gauss(0.0, 1.0)
     share = _counts(pair).double() / _counts(group).double()
     total, kept = torch.stack([-(torch.log(share) * keep).sum(), keep.sum().double()]).tolist()
@@ -138,15 +178,14 @@ def _counts(values):
     return counts
 
 
-def batch_floor(first, out, loss) -> float:
-    """The floor (0 when there is none to tell) of the loss at `out`, against the step-0 FirstGroups `first`."""
+def batch_floor(first, out, loss, causal=lambda: False) -> float:
+    """The floor (0 when there is none to tell) of the loss at `out`, against the step-0 FirstGroups `first`.
+    `causal()`: whether each position reads only its prefix (asked for tokens only: one forward)."""
     import math
 
-    import torch
-
     found = rows_and_targets(out, loss) if first is not None else None
-    if found is None or found[0].shape[0] != first.key.shape[0]:
+    if found is None or found[0].shape[0] != first.first.shape[0]:
         return 0.0
     rows, targets, _ = found
-    value = floor(torch.cat([first.key, answers(rows)], 1), targets, rows.shape[1])
+    value = floor(first.key(first.layout == "token" and causal()) + 11.0 * answers(rows), targets)
     return value if math.isfinite(value) else 0.0

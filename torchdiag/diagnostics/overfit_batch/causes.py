@@ -314,7 +314,7 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
     import torch
 
     from ...core.loss import primary_output
-    from .ambiguity import batch_floor
+    from .ambiguity import batch_floor, causal
 
     with torch.no_grad(), trainer.autocast():
         try:
@@ -340,7 +340,9 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
-            causes.batch_floor = functools.partial(batch_floor, curve.first_answers, out, trainer.loss_fn)
+            causes.batch_floor = functools.partial(
+                batch_floor, curve.first_answers, out, trainer.loss_fn,
+                lambda: causal(trainer.work, trainer.batch, out, trainer.autocast))
             if causes.scaled and _can_grow(trainer, _beyond(out, causes.scaled[0])):
                 causes.scaled = None   # the weights scale it themselves: a loss still on its way (a custom dice loss)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term

@@ -309,10 +309,11 @@ class Trainer:
 
         c, ratio = self.curve, self.opts.target_ratio
         if self.opts.target_loss is None and not self.sharded and c.first_answers is not None:
-            from .ambiguity import batch_floor
+            from .ambiguity import batch_floor, causal
 
             with torch.no_grad():
-                floor = batch_floor(c.first_answers, out, self.loss_fn)
+                floor = batch_floor(c.first_answers, out, self.loss_fn,
+                                    lambda: causal(self.work, self.batch, out, self.autocast))
             if 0 < floor < c.yardstick and c.losses[-1] - floor <= ratio * (c.yardstick - floor):
                 return True
         if self.opts.target_loss is not None or not getattr(self.loss_fn, "made_target", False) or self.sharded:

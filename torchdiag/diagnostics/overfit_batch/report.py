@@ -699,8 +699,11 @@ def _at_batch_floor(result, curve, opts, floor_of) -> bool:
                             "there")
         return False
     d.update(passed=True, floor=floor)
-    result.add("batch-floor", "info", "", f"some positions of the batch get the same answer from the model from the "
-               f"first step to the last (the same input, or the same context) while their targets differ: no weights "
+    prefix = getattr(curve.first_answers, "by_prefix", False)
+    same = ("the same tokens up to them (the model is causal: each position reads only its prefix)" if prefix else
+            "the same input")
+    result.add("batch-floor", "info", "", f"some positions of the batch read {same} and get the same answer from the "
+               f"model from the first step to the last while their targets differ: no weights "
                f"take the loss below {_fmt(floor)}, their targets' entropy; the loss reached {_fmt(final)}, the batch "
                "memorised as far as it allows",
                hint="a batch of distinct inputs (or contexts) judges it without this floor")
