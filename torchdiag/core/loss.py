@@ -595,8 +595,8 @@ def _of_softmax(scalar, y) -> bool:
     # the gradient's own rounding: bfloat16 autocast put it 3.5e-3 off (softmax - one-hot) / M (a review)
     tol = max(1e-3, 16 * torch.finfo(g.dtype).eps, 16 * torch.finfo(y.dtype).eps)
     for dim in sorted({1, y.dim() - 1}):
-        rows = g.detach().double().movedim(dim, -1).reshape(-1, y.shape[dim])
-        p = torch.softmax(y.detach().double().movedim(dim, -1).reshape(-1, y.shape[dim]), -1)
+        rows = widened(g.detach()).movedim(dim, -1).reshape(-1, y.shape[dim])
+        p = torch.softmax(widened(y.detach()).movedim(dim, -1).reshape(-1, y.shape[dim]), -1)
         live = rows.abs().amax(1) > 0
         if not bool(live.any()):
             continue
@@ -605,7 +605,7 @@ def _of_softmax(scalar, y) -> bool:
         scale = ratio.nanmedian(1, keepdim=True).values
         off = ((ratio - scale).abs() > tol * scale.abs()) & (p > 1e-6)
         count = off.sum(1)   # (0 in every row: a z-loss, the same ratio for every class)
-        if bool((scale > 0).all()) and bool((count <= 1).all()) and float((count == 1).double().mean()) >= 0.5:
+        if bool((scale > 0).all()) and bool((count <= 1).all()) and float((count == 1).float().mean()) >= 0.5:
             return True
     return False
 

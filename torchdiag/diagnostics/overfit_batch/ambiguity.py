@@ -8,10 +8,10 @@ is a floor of the batch). Where an input is not laid out by sample (or by sample
 A new user's character-level GPT: the first position of two windows starting with the same character and continuing
 differently; from a trained checkpoint the run levelled at 0.0169 x its start, against a target of 0.01, and was
 cannot-overfit.
-Rows are compared through seeded random projections in float64 (equal rows, equal values; different ones differ but
-by a coincidence of measure 0; integers exact below 2^53), so the run keeps one value per position, not a copy of
-the logits. Host reads: none until a floor is asked (at an extension of the budget, or by the verdict of a run short
-of its target), then one, and one forward of the trained copy to tell whether it is causal."""
+Rows are compared through seeded random projections in float64, float32 on mps (equal rows, equal values; different
+ones differ but by a coincidence of measure 0; integers exact below 2^53, 2^24 on mps), so the run keeps one value per
+position, not a copy of the logits. Host reads: none until a floor is asked (at an extension of the budget, or by the
+verdict of a run short of its target), then one, and one forward of the trained copy to tell whether it is causal."""
 from __future__ import annotations
 
 ROUND = 1e-4        # logits equal to this share of their largest magnitude count as the same answer
@@ -44,18 +44,24 @@ def rows_and_targets(out, loss):
 
 
 def _project(matrix, seed: int):
-    """One float64 value per row of `matrix` (2-D): its dot product with a seeded random vector (no read)."""
+    """One value per row of `matrix` (2-D), in the device's widest float: its dot product with a seeded random vector
+    (no read)."""
     import torch
 
-    w = torch.randn(matrix.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return matrix.double() @ w.to(matrix.device)
+    from ...core.device import wide_float
+
+    wide = wide_float(matrix.device)
+    w = torch.randn(matrix.shape[1], generator=torch.Generator().manual_seed(seed))
+    return matrix.to(wide) @ w.to(matrix.device, wide)
 
 
 def answers(rows):
     """The rows rounded to ROUND of their largest magnitude, projected: rows alike in answer alike here (no read)."""
     import torch
 
-    rows = rows.double()
+    from ...core.device import widened
+
+    rows = widened(rows)
     return _project(torch.round(rows / (ROUND * rows.abs().amax().clamp_min(1e-30))), 1)
 
 
@@ -68,19 +74,21 @@ def same_inputs(batch, layout: str, n: int, length: int):
     samples, an attention that ignores the context), not the batch's."""
     import torch
 
+    from ...core.device import widened
+
     tensors = [t for _, t in batch.tensors() if not t.is_complex()]
     b = n // length if layout == "token" else n
     if not tensors or any(t.is_nested or t.dim() == 0 or t.shape[0] != b for t in tensors):
         return None
     if layout == "sample":
-        return {"whole": _project(torch.cat([t.detach().reshape(b, -1).double() for t in tensors], 1), 2)}
+        return {"whole": _project(torch.cat([widened(t.detach().reshape(b, -1)) for t in tensors], 1), 2)}
     steps = [t for t in tensors if t.dim() >= 2 and t.shape[1] >= length]
     if len(steps) != len(tensors):   # every input per token (ids, a mask, token types), the first `length` read
         return None
-    per = torch.cat([t.detach()[:, :length].reshape(b, length, -1).double() for t in steps], 2)   # (b, length, F)
+    per = torch.cat([widened(t.detach()[:, :length].reshape(b, length, -1)) for t in steps], 2)   # (b, length, F)
     token = _project(per.reshape(b * length, -1), 3).reshape(b, length)
-    weight = torch.randn(length, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(token.device)
-    where = torch.arange(length, device=token.device, dtype=torch.float64)[None, :].expand(b, length)
+    weight = torch.randn(length, generator=torch.Generator().manual_seed(4)).to(token.device, token.dtype)
+    where = torch.arange(length, device=token.device, dtype=token.dtype)[None, :].expand(b, length)
     prefix = torch.cumsum(token * weight, 1) + 1e3 * where     # (a token's position in the key: its prefix length)
     whole = (token * weight).sum(1, keepdim=True) + 1e3 * where
     return {"whole": whole.reshape(-1), "prefix": prefix.reshape(-1)}
@@ -117,6 +125,7 @@ def causal(work, batch, out, autocast) -> bool:
     its last position leaves the outputs before it as they were (one forward, one read)."""
     import torch
 
+    from ...core.device import widened
     from ...core.loss import primary_output
 
     y = primary_output(out)[0]
@@ -135,7 +144,7 @@ def causal(work, batch, out, autocast) -> bool:
         z = primary_output(batch.map(changed).call(work))[0]
     if not isinstance(z, torch.Tensor) or z.shape != y.shape:
         return False
-    before, after = y[:, :-1].double(), z[:, :-1].double()
+    before, after = widened(y[:, :-1]), widened(z[:, :-1])
     return bool(((after - before).abs() <= 1e-6 * before.abs().amax().clamp_min(1e-30)).all())
 
 
@@ -147,15 +156,17 @@ def floor(group, targets) -> float:
 
     import torch
 
+    from ...core.device import wide_float
     from ...core.loss import LEFT_OUT
 
     n, device = targets.shape[0], targets.device
+    wide = wide_float(device)   # (float32 on mps: equal values stay equal, a coincidence less unlikely)
     keep = targets != LEFT_OUT
-    alone = -(torch.arange(n, device=device, dtype=torch.float64) + 1) * 1e30   # an ignored position: its own group
-    group = torch.where(keep, group.double(), alone)
-    pair = group + torch.where(keep, targets, 0).double() * random.Random(0).gauss(0.0, 1.0)
-    share = _counts(pair).double() / _counts(group).double()
-    total, kept = torch.stack([-(torch.log(share) * keep).sum(), keep.sum().double()]).tolist()
+    alone = -(torch.arange(n, device=device, dtype=wide) + 1) * 1e30   # an ignored position: its own group
+    group = torch.where(keep, group.to(wide), alone)
+    pair = group + torch.where(keep, targets, 0).to(wide) * random.Random(0).gauss(0.0, 1.0)
+    share = _counts(pair).to(wide) / _counts(group).to(wide)
+    total, kept = torch.stack([-(torch.log(share) * keep).sum(), keep.sum().to(wide)]).tolist()
     return total / kept if kept else 0.0
 
 
