@@ -278,21 +278,18 @@ class Loss:
 
     def _own_loss(self, out, y):
         """auto: `y`, or the model's own loss when an output beside it is one: a cross-entropy of `y` against hard
-        targets, told by its gradient on `y` (_of_softmax; nanoGPT's `(logits, loss)` given its targets was judged on
-        its loss plus a made-up next-token loss, twice what it trains on; a z-loss or an auxiliary loss of other
-        weights is no such function and stays a term beside `y`). Decided on the first call with grad on (one
-        backward through the loss alone, one read), kept for every step."""
+        targets, told by its gradient on `y` (_hard_target_ce; nanoGPT's `(logits, loss)` given its targets was judged
+        on its loss plus a made-up next-token loss, twice what it trains on). Decided on the first call with grad on
+        (one backward through the loss alone), kept for every step; a call under no_grad before it decides nothing."""
         import torch
 
-        if self.loss_of is None:
+        if self.loss_of is None and torch.is_grad_enabled():
             self.loss_of = ""
-            if torch.is_grad_enabled() and isinstance(y, torch.Tensor) and y.requires_grad and y.dim() >= 2:
+            if isinstance(y, torch.Tensor) and y.requires_grad and y.dim() >= 2:
                 mine = [(k, t) for k, t in gradient_outputs(out, y) if t.dim() == 0 and t.requires_grad]
-                if len(mine) == 1 and _of_softmax(mine[0][1], y):
+                if len(mine) == 1 and _hard_target_ce(mine[0][1], y):
                     self.loss_of, self.own_label = self.picked, mine[0][0]
-        if not self.loss_of:
-            return y
-        found = dict(float_outputs(out)).get(self.own_label)
+        found = dict(float_outputs(out)).get(self.own_label) if self.loss_of else None
         if found is None:
             return y
         self.picked = self.own_label
@@ -579,7 +576,7 @@ def _below_zero(scalars: list) -> set:
     return {label for (label, _), v in zip(scalars, values) if v < 0}
 
 
-def _of_softmax(scalar, y) -> bool:
+def _hard_target_ce(scalar, y) -> bool:
     """`scalar` is a cross-entropy of y's softmax against hard targets (a mean over positions, ignored ones aside): its
     gradient on y is (softmax - one-hot) / M, so in every row the gradient over the probability is one constant for
     every class but one (the target's; told where its probability is above 1e-6). An entropy, a KL to a teacher or a prior, a z-loss, label smoothing: not (a review: an

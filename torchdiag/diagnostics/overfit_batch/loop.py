@@ -27,6 +27,7 @@ from ...errors import (
     one_line,
 )
 from ...results import Result
+from .ambiguity import first_groups
 from .causes import (
     accuracy_counts,
     constant_loss,
@@ -86,16 +87,6 @@ class Curve:
         the target's scale (an initial loss of about 2) keeps the initial as its yardstick."""
         first = self.losses[0]
         return min(first, CONSTANT_TIMES * self.constant) if self.constant is not None and 0 < self.constant else first
-
-
-def _answers(out, loss, batch):
-    """ambiguity.first_groups of the output's cross-entropy rows at step 0, or None (another loss, or too large)."""
-    import torch
-
-    from .ambiguity import first_groups
-
-    with torch.no_grad():
-        return first_groups(out, loss, batch)
 
 
 class Trainer:
@@ -396,7 +387,7 @@ class Trainer:
             c.first_box = output_box(out, self.loss_fn)
             c.first_bounds = start_bounds(out, self.loss_fn)
             c.constant = constant_loss(out, self.loss_fn)
-            c.first_answers = _answers(out, self.loss_fn, self.batch)
+            c.first_answers = first_groups(out, self.loss_fn, self.batch)   # (detached values: no graph)
             if lv < 0 and self.opts.target_loss is None and math.isfinite(lv):
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "
