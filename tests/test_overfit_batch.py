@@ -2230,3 +2230,27 @@ def test_a_run_from_a_trained_checkpoint_that_stops_at_the_batchs_floor_says_so(
             "--checkpoint", tmp_path / "trained.pt", "--steps", "200", "--json")
     hints = [f.get("hint", "") for f in d.json["findings"] if f["code"] in ("cannot-overfit", "flat-loss")]
     assert any("the run started from --checkpoint at a loss of" in h for h in hints), d.json["findings"]
+
+
+BAGS = '''
+import torch, torch.nn as nn
+class Bag(nn.Module):
+    def __init__(s):
+        super().__init__(); s.emb = nn.EmbeddingBag(1000, 8, mode="mean"); s.fc = nn.Linear(8, 5)
+    def forward(s, x, offsets):
+        return s.fc(s.emb(x, offsets))
+def build(): return Bag()
+def batch():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randint(0, 1000, (40,), generator=g), torch.tensor([0, 10, 20, 30])), torch.tensor([0, 1, 2, 3])
+'''
+
+
+def test_a_batch_of_bags_is_counted_by_its_labels_not_its_flat_tokens(cli, tmp_path):
+    # four bags of ten tokens each: one label per bag, so the batch holds 4 samples (a user's report: "one batch of 40")
+    (tmp_path / "bags.py").write_text(BAGS)
+    d = cli("overfit-batch", f"{tmp_path}/bags.py:build", "--batch", f"{tmp_path}/bags.py:batch", "--lr", "1e-12",
+            "--steps", "20", "--json")
+    (fail,) = [f for f in d.json["findings"] if f["code"] == "cannot-overfit"]
+    assert "one batch of 4 in" in fail["message"], fail
+    assert d.json["batch_size"] == 4

@@ -131,6 +131,15 @@ class Trainer:
         self.functional = 0               # such draws in step 0 (the calls made as in eval mode each step)
         self.functional_kept = not functional   # ... left on: a checkpoint's recompute drew them where it was off
 
+    @property
+    def samples(self) -> int | None:
+        """How many samples the batch holds, for what is said: a given target's leading size (one label per sample;
+        an EmbeddingBag's flat token list is not its count of bags), else the first input's."""
+        t = self.loss_fn.target
+        if t is not None and not self.loss_fn.made_target and getattr(t, "dim", lambda: 0)():
+            return int(t.shape[0])
+        return self.batch.batch_size
+
     def release(self) -> None:
         """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
         second opinion trains another copy: two would be held at once)."""

@@ -141,7 +141,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "optimizer": optimizer.name, "lr": lr,
         "momentum": optimizer.momentum if optimizer.name == "sgd" else None, "amp": trainer.amp or "none", "seed": ctx.seed,
         "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
-        "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
+        "batch_size": trainer.samples, "trainable_tensors": len(trainer.trainable),
         "trainable_values": sum(p.numel() for _, p in trainer.trainable),
         "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped, "functional_dropout_off": trainer.functional,
         "functional_dropout_kept": trainer.functional_kept,
@@ -560,7 +560,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
                          f"{curve.losses[-1] / curve.losses[0]:.2g} × its start: a draw where the data or a weight "
                          "belongs (torch.randn_like(x) for x + noise, a random weight or permutation in forward) "
                          "keeps it there")
-    result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
+    result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.samples} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})" + (
         f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)" if fits else "")
@@ -906,7 +906,7 @@ def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
         return ""
     if small is None:
         return ""
-    c, n, d = small.curve, trainer.batch.batch_size, result.data
+    c, n, d = small.curve, trainer.samples, result.data
     if _further(result, "few_samples", c, "two of the batch's samples trained on a fresh copy", samples=small.samples):
         return "interrupted"
     held = f"{d['trainable_values']:,} trainable values for {trainer.loss_fn.target.numel():,} target values"
@@ -964,7 +964,7 @@ def _noise_floor(result, trainer, held, bits: list[str], done: int) -> str:
                             f"memorise the batch either: loss {_fmt(c.losses[0])} → {_fmt(c.losses[-1])} in {c.step} "
                             "step(s)")
         return ""
-    n = trainer.batch.batch_size
+    n = trainer.samples
     result.add(CODE, "warning", "", f"could not memorise one batch of {n} in {trainer.curve.step} step(s) "
                f"({', '.join(bits)}) with fresh random draws at every step: the forward draws them (the RNG advanced "
                f"during it). With the same draws at every step a fresh copy memorises it (loss {_fmt(c.losses[0])} → "
