@@ -202,6 +202,18 @@ def test_cli_bad_batch_target_is_exit_2_and_choice_is_printed(cli, tmp_path):
         assert r.code == 2 and "both give the inputs" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_an_empty_batch_is_a_usage_error_not_a_failure_inside_torch(cli, tmp_path):
+    # a batch of 0 samples reached torch's min() over nothing: an internal error for nancheck, gradflow and doctor
+    (tmp_path / "empty.py").write_text("import torch\n"
+                                       "def batch(): return torch.randn(0, 784), torch.zeros(0, dtype=torch.long)\n")
+    for command in ("nancheck", "gradflow", "doctor", "overfit-batch"):
+        r = cli(command, sample("mlp.py:build"), "--batch", f"{tmp_path}/empty.py:batch")
+        assert r.code == 2 and "input[0] has shape 0x784, a batch of 0 samples" in r.stderr, (command, r.stderr)
+    from torchdiag import api
+    with pytest.raises(UsageError, match="a batch of 0 samples"):
+        api.run("nancheck", torch.nn.Linear(3, 3), torch.randn(0, 3))
+
+
 class AuxNet(torch.nn.Module):
     """Inception's contract in train mode: (logits, aux_logits), the aux head on its own branch."""
 

@@ -37,11 +37,11 @@ def as_inputs(model, inputs=None):
         if inputs is None:
             raise UsageError("no inputs: pass inputs=… or set model.example_input_array")
     if isinstance(inputs, torch.Tensor):
-        return ModelInputs((inputs,), {}, "python")
+        return ModelInputs((inputs,), {}, "python").refuse_empty()
     if isinstance(inputs, dict):
-        return ModelInputs((), dict(inputs), "python")
+        return ModelInputs((), dict(inputs), "python").refuse_empty()
     if isinstance(inputs, (tuple, list)):
-        return ModelInputs(tuple(inputs), {}, "python")
+        return ModelInputs(tuple(inputs), {}, "python").refuse_empty()
     raise UsageError(f"inputs must be a tensor, tuple, list or dict, not {type(inputs).__name__}")
 
 

@@ -178,6 +178,17 @@ class ModelInputs:
             return int(ts[0][1].size(0))
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
+    def refuse_empty(self) -> ModelInputs:
+        """These inputs, or a usage error when they hold no sample: the first tensor's leading size is 0 (a forward
+        on it reaches a loss or a statistic over nothing, and failed inside torch)."""
+        if self.batch_size == 0:
+            from ..errors import UsageError
+            name, t = self.tensors()[0]
+            where = "the inputs" if self.source in ("", "python") else self.source
+            raise UsageError(f"{where}: {name} has shape {shape_str(t)}, a batch of 0 samples; "
+                             "nothing to run: give at least one")
+        return self
+
     def first(self, k: int) -> ModelInputs | None:
         """The inputs cut to their first k samples; None where a cut cannot be made: a tensor that does not lead with
         the batch, or one of batch × batch (an adjacency). Where whoever made them said the count (torchdiag's list of

@@ -800,7 +800,7 @@ def load_batch(spec: str, device, seed: int):
         raise UsageError(f"batch function {name}() must return (inputs, target); got {type(value).__name__}")
     raw_inputs, target = value
     args, kwargs = _normalise(raw_inputs, f"{name}()")
-    inputs = ModelInputs(args, kwargs, f"--batch {spec}").to(device)
+    inputs = ModelInputs(args, kwargs, f"--batch {spec}").refuse_empty().to(device)
     if isinstance(target, torch.Tensor):
         target = target.to(device)
     return inputs, target
