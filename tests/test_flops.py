@@ -27,6 +27,13 @@ def test_linear_closed_form(untouched):
     assert mods == {"0": 2 * 8 * 20 * 30, "1": 0, "2": 2 * 8 * 30 * 5}
 
 
+def test_the_header_says_the_count_is_of_eval_mode():
+    # a Dropout model: train mode would draw masks; the count is eval's, and the header says so (a user asked)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2)).train()
+    r = count(model, torch.randn(3, 4))
+    assert r.header["mode"].startswith("eval") and model.training
+
+
 def test_linear_counts_sequence_dimension():
     # torchinfo 1.8.0 ignores the sequence dim for Linear; the truth includes it
     r = count(nn.Linear(16, 32), torch.randn(2, 50, 16))

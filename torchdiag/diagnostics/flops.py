@@ -403,6 +403,10 @@ class _Counts:
     value_sized: tuple = ()   # ops of the pass whose output size its input's values set
 
 
+# both engines count in eval mode: a train-mode forward (its dropout, a detector's loss heads) can differ
+EVAL = "eval (dropout off, BatchNorm on its running statistics)"
+
+
 def run(model, inputs, opts: Options | None, ctx) -> Result:
     opts = opts or Options()
     if opts.engine == "fvcore":
@@ -410,7 +414,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     counts = _count(model, inputs, opts, ctx)
     grad = opts.backward
     result = Result("flops", header={"counter": "torch.utils.flop_counter (dispatch level)",
-                                     "convention": "1 MAC = 2 FLOPs; MACs = FLOPs / 2"})
+                                     "convention": "1 MAC = 2 FLOPs; MACs = FLOPs / 2", "mode": EVAL})
     fwd_total = sum(counts.fwd.get("Global", {}).values())
     all_total = sum(counts.total.get("Global", {}).values())
     bwd_total = all_total - fwd_total if grad else None
@@ -569,7 +573,8 @@ def run_fvcore(model, inputs, opts: Options, ctx) -> Result:
         from fvcore.nn import FlopCountAnalysis
 
     result = Result("flops", header={"counter": "fvcore (torch.jit.trace)",
-                                     "convention": "fvcore counts one multiply-add as one 'flop': its number is MACs; FLOPs = 2 × MACs"})
+                                     "convention": "fvcore counts one multiply-add as one 'flop': its number is MACs; FLOPs = 2 × MACs",
+                                     "mode": EVAL})
     with leave_no_trace(model), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.eval()
