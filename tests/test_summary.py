@@ -226,3 +226,22 @@ def test_a_sequential_a_loop_iterates_ran_as_a_container():
 
     res = run("summary", Net(), ModelInputs((torch.randn(2, 4),), {}))
     assert res.data["uncalled"] == ["block"], res.data["uncalled"]
+
+
+def test_a_module_called_twice_shows_both_outputs_and_its_call_count():
+    # one MaxPool2d used after each conv: the row showed the first call's shape only (a user's report)
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.pool = torch.nn.MaxPool2d(2)
+
+        def forward(self, x):
+            return self.pool(self.c2(self.pool(self.c1(x))))
+
+    r = run("summary", Net(), torch.randn(2, 3, 32, 32))
+    (pool,) = [row for row in r.table("layers").rows if row["name"] == "pool"]
+    assert pool["calls"] == 2 and pool["output_shapes"] == ["2x8x16x16", "2x8x8x8"]
+    assert pool["_shape"] == "2x8x16x16, 2x8x8x8 (2 calls)"
+    (c1,) = [row for row in r.table("layers").rows if row["name"] == "c1"]
+    assert c1["_shape"] == "2x8x32x32" and "output_shapes" not in c1

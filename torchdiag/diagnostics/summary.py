@@ -74,9 +74,12 @@ def _subtree_params(module) -> tuple[int, str]:
 def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
     first: dict = {}
     count: dict[str, int] = defaultdict(int)
+    shapes: dict[str, list] = defaultdict(list)   # each call's output, distinct, in order (a pool used twice)
     for call in tracker.calls:
         first.setdefault(call.name, call)
         count[call.name] += 1
+        if call.done and call.output not in shapes[call.name]:
+            shapes[call.name].append(call.output)
     called = set(first)
     rows, uncalled = [], []
     for name, mod in model.named_modules():
@@ -104,14 +107,25 @@ def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
         else:
             params, trainable = _subtree_params(mod)
         call = first.get(name)
+        shape = (call.output if call and call.done else "(raised)" if call
+                 else "(container)" if ran else "(not called)")
         rows.append({
-            "name": name, "type": kind, "depth": d,
-            "output_shape": (call.output if call and call.done else "(raised)" if call
-                             else "(container)" if ran else "(not called)"),
+            "name": name, "type": kind, "depth": d, "output_shape": shape,
             "params": params, "trainable": trainable, "calls": count.get(name, 0),
-            "_style": None if ran else "dim",
+            "_style": None if ran else "dim", "_shape": _calls_shape(shape, shapes.get(name, []), count.get(name, 0)),
         })
+        if count.get(name, 0) > 1:
+            rows[-1]["output_shapes"] = shapes[name]
     return rows, uncalled
+
+
+def _calls_shape(shape: str, seen: list, calls: int) -> str:
+    """The shape column: the first call's output, and for a module called more than once the count of calls and
+    the other shapes they gave (up to three in all)."""
+    if calls < 2:
+        return shape
+    listed = ", ".join(seen[:3]) + (", …" if len(seen) > 3 else "") if seen else shape
+    return f"{listed} ({calls} calls)"
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:
@@ -211,7 +225,7 @@ def other_state(model) -> list:
 def _layer_table(rows, depth, title) -> Table:
     for r in rows:
         r["_label"] = "  " * (r["depth"] - 1) + r["name"].rsplit(".", 1)[-1] if r["depth"] > 1 else r["name"]
-    cols = [Column("_label", "module"), Column("type", "type"), Column("output_shape", "output shape"),
+    cols = [Column("_label", "module"), Column("type", "type"), Column("_shape", "output shape"),
             Column("params", "params", "count"), Column("trainable", "trainable")]
     note = f"depth ≤ {depth}; params of a module include its submodules; dim rows never ran in forward"
     table = Table("layers", title, cols, rows, note=note, tb_scalars=("params",))
