@@ -7867,3 +7867,49 @@ def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
     other = _mlp()
     outer, _ = inner_run(Watch(other, torch.optim.SGD(other.parameters(), lr=0.05)), 10)
     assert "val_loss" not in outer.engine.metrics and outer.engine.epoch is None
+
+
+@pytest.mark.parametrize("variant", ["bn", "dropout", "eval", "every_step", "update_bn", "init"])
+def test_a_validation_pass_in_train_mode_is_said(variant):
+    # a validation loop under no_grad that forgot model.eval(): BatchNorm takes in its batches (a warning), dropout
+    # only makes the numbers noisy (info); a pass at every step (a GAN's no_grad generator, MixMatch's label
+    # guesses), update_bn's recalibration (momentum None) and a data-dependent init before the first step are not
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 16), nn.ReLU()] + ([nn.BatchNorm1d(16)] if variant != "dropout" else []) + \
+        [nn.Dropout(0.3), nn.Linear(16, 2)]
+    model = nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
+
+    def passes():
+        with torch.no_grad():
+            return [model(x[i:i + 16]) for i in range(0, 64, 16)]
+    with Watch(model, opt, every=10) as w:
+        if variant == "init":
+            passes()
+        for _epoch in range(3):
+            for i in range(0, 64, 8):
+                if variant == "every_step":
+                    passes()
+                opt.zero_grad()
+                F.cross_entropy(model(x[i:i + 8]), y[i:i + 8]).backward()
+                opt.step()
+            if variant == "eval":
+                model.eval()
+            if variant == "update_bn":
+                torch.optim.swa_utils.update_bn([x[i:i + 16] for i in range(0, 64, 16)], model)
+            elif variant in ("bn", "dropout", "eval"):
+                stats = model[2].num_batches_tracked.item() if variant != "dropout" else None
+                passes()
+                if variant == "bn":   # the truth the model holds: its running statistics took in the 4 batches
+                    assert model[2].num_batches_tracked.item() == stats + 4
+            model.train()
+    found = [f for f in w.result().findings if f.code == "evaluated-in-train-mode"]
+    if variant not in ("bn", "dropout"):
+        assert not found, [f.message for f in found]
+        return
+    (f,) = found
+    assert f.severity == ("warning" if variant == "bn" else "info"), f
+    assert "after step 8" in f.message and "at 3 of 24 steps" in f.message, f.message
+    assert ("BatchNorm (2)" in f.message) == (variant == "bn") and "dropout (" in f.message

@@ -130,7 +130,7 @@ class Engine:
                        "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
-                       "orphaned": set(), "eval_unreached": {}}
+                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
@@ -172,6 +172,7 @@ class Engine:
                                                                # a tuple: their prints still on the device)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._eval_walked: dict[int, int] = {}    # id(root) -> the step its eval-mode forward was last walked at
+        self._nograd_train: dict[int, tuple[int, int]] = {}   # id(root) -> (step, its train-mode no_grad calls then)
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
         self.called_at: dict[int, float] = {}     # id(root) -> the steps taken before its last call
@@ -684,6 +685,8 @@ class Engine:
             # rest put in eval, a linear probe's, runs with grad on)
             self._eval_walked[id(module)] = self.step
             self._eval_reaches(module)
+        elif self._inner[id(module)].training and not _grad_enabled() and self.step and not _compiling():
+            self._train_mode_pass(module)
         if not _grad_enabled():
             return
         # vmap/grad's wrapped tensors, kept for a replay or reduced here, would escape the transform (a sweep:
@@ -724,6 +727,35 @@ class Engine:
             probe.collect()
         if self._eval_roots.get(id(module)) and _grad_enabled() and not _compiling() and not under_functorch():
             self._probe_eval_output(id(module), output)
+
+    def _train_mode_pass(self, module) -> None:
+        """A trained model called under no_grad in train mode: a second such call between two steps is a pass over
+        held-out batches (a validation loop that forgot model.eval()), where its dropout draws and its BatchNorm
+        learns those batches. The steps it happens at are counted: a GAN's no_grad generator (each critic step) or
+        MixMatch's label guessing does it at every step, a validation pass now and then (report._val_in_train).
+        Before the first step: a data-dependent init's passes. Host flags only, the walk once per pass."""
+        import torch
+
+        if torch._C._current_graph_task_id() != -1:   # inside a backward: a checkpoint's recomputation
+            return
+        key = id(module)
+        step, n = self._nograd_train.get(key, (self.step, 0))
+        n = n + 1 if step == self.step else 1
+        self._nograd_train[key] = (self.step, n)
+        if n != 2:
+            return
+        inner = self._inner[key]
+        drop = [name for name, m in inner.named_modules() if name and m.training and
+                isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
+        bns = [m for name, m in inner.named_modules() if name and m.training and
+               isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        if any(m.momentum is None for m in bns):   # a cumulative average: swa_utils.update_bn's recalibration
+            return
+        bns = [name for name, m in inner.named_modules() if any(m is b for b in bns)]
+        if not drop and not bns:
+            return
+        found = self.checks["val_in_train"].setdefault(key, {"step": self.step, "dropout": drop, "bn": bns, "steps": 0})
+        found["steps"] += 1
 
     def _eval_reaches(self, module) -> None:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A

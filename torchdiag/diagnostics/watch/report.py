@@ -90,6 +90,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _doubles(result, engine)
     _modes(result, engine)
     _eval_unreached(result, engine)
+    _val_in_train(result, engine)
     _frozen_in_train(result, engine)
     _probabilities(result, engine)
     _curves(result, engine)
@@ -749,6 +750,28 @@ def _eval_unreached(result: Result, engine) -> None:
                    "dropout stays on in its outputs and BatchNorm normalises with each batch and learns its statistics",
                    "a train()/eval() override must call super().train(mode), which sets every submodule's mode",
                    members=names if len(names) > 1 else None)
+
+
+def _val_in_train(result: Result, engine) -> None:
+    """Passes of a trained model under no_grad in train mode, between steps now and then (engine._train_mode_pass):
+    a validation that forgot model.eval(). At more than half the steps (a GAN's critic steps, MixMatch's guesses): no
+    finding. A BatchNorm there took in the batches (a warning); dropout alone only made the numbers noisy (info:
+    Monte-Carlo dropout does it on purpose)."""
+    for r, f in engine.checks["val_in_train"].items():
+        if f["steps"] > max(1, engine.step // 2):
+            continue
+        root = engine.roots.get(r)
+        prefix = engine.root_prefix(root) if root is not None else ""
+        drop, bns = [prefix + n for n in f["dropout"]], [prefix + n for n in f["bn"]]
+        acting = ([f"its dropout ({cut(drop, ', ', 3)}) drew new noise into every output"] if drop else []) + (
+            [f"its BatchNorm ({cut(bns, ', ', 3)}) normalised with each batch and took it into its running "
+             "statistics"] if bns else [])
+        result.add("evaluated-in-train-mode", "warning" if bns else "info", prefix.rstrip("."),
+                   f"the model ran several forwards under no_grad in train mode between two steps (after "
+                   f"{_step_words(engine, f['step'])}, at {f['steps']} of {engine.step} steps: a validation pass?): "
+                   + "; ".join(acting) + ": what those passes measured is not what the model computes in eval mode",
+                   "call model.eval() before validating and model.train() after (Monte-Carlo dropout on purpose: "
+                   "ignore this)", members=(drop + bns) if len(drop + bns) > 1 else None)
 
 
 def _frozen_in_train(result: Result, engine) -> None:
