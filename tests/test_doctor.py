@@ -1590,3 +1590,38 @@ def test_the_target_row_names_a_language_models_next_tokens():
     (row,) = [row for row in r.table("checks").rows if row["id"] == "target"]
     assert row["verdict"] == "no targets given: the next tokens of input[0] (a language model) are the targets", row
     assert "next-token cross_entropy" in r.header["loss"]
+
+
+def _bn_net(momentum):
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=momentum), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+@pytest.mark.parametrize("momentum", [0.99, 0.1, 0.0, "0-trained"])
+def test_batchnorm_running_statistics_that_keep_the_last_batch_or_never_move_are_said(momentum):
+    # TensorFlow's momentum (the old statistics' weight) copied into torch (the new batch's weight): torchvision's
+    # MaxViT had 0.99 until 0.18; transformers' EfficientNet has 0.99 and MobileNetV2 0.997
+    torch.manual_seed(0)
+    model = _bn_net(0.0 if momentum == "0-trained" else momentum)
+    if momentum == "0-trained":   # statistics trained at 0.1, then frozen at momentum 0 on purpose: not said
+        with torch.no_grad():
+            model[1].running_mean.fill_(0.3)
+            model[1].running_var.fill_(2.0)
+    if momentum == 0.99:   # the premise, in plain torch: two batches in train mode, the statistics are ~the last's
+        probe, a, b = _bn_net(0.99), torch.randn(8, 3, 10, 10), torch.randn(8, 3, 10, 10) + 5
+        with torch.no_grad():
+            probe.train()
+            probe(a)
+            probe(b)
+            last = probe[0](b).mean((0, 2, 3))
+        assert torch.allclose(probe[1].running_mean, 0.99 * last + 0.01 * 0.99 * probe[0](a).mean((0, 2, 3)),
+                              atol=1e-5)
+    r = run_diag(model, torch.randn(4, 3, 16, 16))
+    f = [f for f in r.findings if f.code == "batchnorm-momentum"]
+    if momentum in (0.1, "0-trained"):
+        assert not f, [x.message for x in f]
+        return
+    (f,) = f
+    assert f.severity == "warning" and f.where == "1", f
+    said = "the last training batch's" if momentum == 0.99 else "still at mean 0, variance 1"
+    assert said in f.message and f.message.startswith("BatchNorm 1 has momentum"), f.message

@@ -17,7 +17,8 @@ EXAMPLE = """Examples:
 DETAILS = """Each check gives a verdict, the module or parameter concerned, and a hint: tensors created in
 forward without a device (found on the meta device, no GPU needed) and parameters on several
 devices (device-mismatch); in-place edits that break backward (inplace-autograd); Dropout/
-BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), eval output
+BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), BatchNorm running
+statistics that keep the last batch or never move (batchnorm-momentum), eval output
 that changes between runs (nondeterministic-eval); parameters that get a gradient but do not
 change after an optimizer step (param-not-updated), bf16/fp16 weights whose update rounds away
 (update-rounds-away: --dtype, or a model built in them) and frozen ones (frozen); mixed dtypes

@@ -9,6 +9,7 @@ or parameter:
   inplace       inplace-autograd   backward fails because a tensor saved for backward was edited in place
   modes         mode-dependent     Dropout/BatchNorm-family modules make train and eval outputs differ
   batchnorm     batchnorm-batch-1  BatchNorm in train mode with a batch of 1 raises
+                batchnorm-momentum running statistics mostly the last batch's (momentum ≥ 0.5), or never moved
   determinism   nondeterministic-eval  two eval forwards on the same input differ
   update        param-not-updated  a parameter has .grad but one optimizer step leaves it unchanged
   update        update-rounds-away  bf16/fp16 weights whose update rounds away (most elements with a
@@ -32,7 +33,7 @@ from ...core.input_scale import weighted_inputs
 from ...core.tracking import ModuleTracker, describe, forward_error
 from ...errors import ModelError, one_line
 from ...results import Column, Result, Table
-from .batchnorm import bn_batch1_probe, one_sample_erased
+from .batchnorm import bn_batch1_probe, bn_momentum, one_sample_erased
 from .checklist import VALUE_CHECKS, Checklist, verdict
 from .determinism import check_determinism
 from .device_meta import check_device_meta
@@ -157,6 +158,7 @@ def _after_training(work, inputs, train_loss, ck: Checklist, result: Result, era
     if train_loss.chosen:
         result.header["loss"] = train_loss.describe()
     bn_batch1_probe(work, inputs, ck, erased)
+    bn_momentum(work, ck)
 
 
 def _eval_forward(work, inputs, ctx, ck: Checklist, result: Result):

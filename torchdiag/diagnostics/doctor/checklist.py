@@ -9,7 +9,7 @@ CHECK_TITLES = {
     "device": "devices",
     "inplace": "in-place/autograd",
     "modes": "train/eval modes",
-    "batchnorm": "BatchNorm batch 1",
+    "batchnorm": "BatchNorm",
     "determinism": "eval determinism",
     "update": "params update",
     "frozen": "frozen params",
