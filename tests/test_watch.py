@@ -7869,13 +7869,14 @@ def test_a_metric_logged_into_an_inner_watch_reaches_the_one_around_it():
     assert "val_loss" not in outer.engine.metrics and outer.engine.epoch is None
 
 
-@pytest.mark.parametrize("variant", ["bn", "dropout", "eval", "every_step", "update_bn", "init"])
+@pytest.mark.parametrize("variant", ["bn", "dropout", "eval", "every_step", "update_bn", "init", "one_bn", "one_dropout"])
 def test_a_validation_pass_in_train_mode_is_said(variant):
     # a validation loop under no_grad that forgot model.eval(): BatchNorm takes in its batches (a warning), dropout
-    # only makes the numbers noisy (info); a pass at every step (a GAN's no_grad generator, MixMatch's label
-    # guesses), update_bn's recalibration (momentum None) and a data-dependent init before the first step are not
+    # only makes the numbers noisy (info); a single forward (a validation set in one batch; a GAN's sample of
+    # images) is info either way; a pass at every step (a GAN's no_grad generator, MixMatch's label guesses),
+    # update_bn's recalibration (momentum None) and a data-dependent init before the first step are not said
     torch.manual_seed(0)
-    layers = [nn.Linear(8, 16), nn.ReLU()] + ([nn.BatchNorm1d(16)] if variant != "dropout" else []) + \
+    layers = [nn.Linear(8, 16), nn.ReLU()] + ([nn.BatchNorm1d(16)] if "dropout" not in variant else []) + \
         [nn.Dropout(0.3), nn.Linear(16, 2)]
     model = nn.Sequential(*layers)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -7884,7 +7885,7 @@ def test_a_validation_pass_in_train_mode_is_said(variant):
 
     def passes():
         with torch.no_grad():
-            return [model(x[i:i + 16]) for i in range(0, 64, 16)]
+            return [model(x[i:i + 16]) for i in range(0, 16 if variant.startswith("one") else 64, 16)]
     with Watch(model, opt, every=10) as w:
         if variant == "init":
             passes()
@@ -7899,17 +7900,50 @@ def test_a_validation_pass_in_train_mode_is_said(variant):
                 model.eval()
             if variant == "update_bn":
                 torch.optim.swa_utils.update_bn([x[i:i + 16] for i in range(0, 64, 16)], model)
-            elif variant in ("bn", "dropout", "eval"):
-                stats = model[2].num_batches_tracked.item() if variant != "dropout" else None
+            elif variant in ("bn", "dropout", "eval", "one_bn", "one_dropout"):
+                stats = model[2].num_batches_tracked.item() if "dropout" not in variant else None
                 passes()
-                if variant == "bn":   # the truth the model holds: its running statistics took in the 4 batches
-                    assert model[2].num_batches_tracked.item() == stats + 4
+                if "bn" in variant:   # the truth the model holds: its running statistics took in the batches
+                    assert model[2].num_batches_tracked.item() == stats + (1 if variant == "one_bn" else 4)
             model.train()
     found = [f for f in w.result().findings if f.code == "evaluated-in-train-mode"]
-    if variant not in ("bn", "dropout"):
+    if variant in ("eval", "every_step", "update_bn", "init"):
         assert not found, [f.message for f in found]
         return
     (f,) = found
     assert f.severity == ("warning" if variant == "bn" else "info"), f
     assert "after step 8" in f.message and "at 3 of 24 steps" in f.message, f.message
-    assert ("BatchNorm (2)" in f.message) == (variant == "bn") and "dropout (" in f.message
+    assert ("BatchNorm (2)" in f.message) == ("bn" in variant) and "dropout (" in f.message
+    assert ("ran several forwards" if variant in ("bn", "dropout") else "ran a forward") in f.message
+
+
+def _accumulated_nan_run(device, bad_micro):
+    """4 micro-batches a step; at step 5 micro-batch `bad_micro` (0-based) gets a NaN in its input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 8):
+            opt.zero_grad()
+            for k in range(4):
+                x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+                if step == 5 and k == bad_micro:
+                    x[2, 1] = float("nan")
+                (F.cross_entropy(model(x.to(device)), y.to(device)) / 4).backward()
+            opt.step()
+    (f,) = [f for f in w.result().findings if f.code == "non-finite-loss"]
+    return f
+
+
+@pytest.mark.parametrize("bad_micro", [0, 2, 3])
+def test_under_accumulation_the_replay_takes_the_micro_batch_whose_loss_went_non_finite(bad_micro):
+    # a sweep: a NaN input in micro-batch 3 of 4 was replayed on micro-batch 4 (finite) and blamed on the loss
+    f = _accumulated_nan_run("cpu", bad_micro)
+    assert "at step 5" in f.message and "the batch's input already holds NaN/Inf" in f.hint, (f.message, f.hint)
+
+
+@pytest.mark.cuda
+def test_under_accumulation_on_an_accelerator_the_replay_says_it_took_the_last_micro_batch():
+    f = _accumulated_nan_run("cuda", 2)   # no look per backward there: the last batch replayed, and said so
+    assert "at step 5" in f.message and "the batch replayed is its last" in f.hint, (f.message, f.hint)

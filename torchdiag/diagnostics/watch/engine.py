@@ -111,6 +111,10 @@ class Engine:
         self._seen_since: dict[int, int] = {}   # by id: the step of a seen root's first call with grad
         self._adopted_since: dict[int, int] = {}   # by id: the same for a root adopted as untrained (seen from)
         self.last_call = None               # (weakref to the root, args, kwargs) of the last training forward
+        self._bad_call = None               # ... of the forward whose loss was the step's first non-finite (CPU)
+        self._stepped_bad = None            # ... that, of the step just taken, and how many losses it took
+        self._step_losses = 0
+        self._host_losses = True            # the last loss seen was on the CPU (looked at per backward, no sync)
         self._losses: list = []             # device: the (detached) losses backward saw since the last step
         self._others: list = []             # the losses taken by another optimizer's step since the clock's
         self.loss_seen = False
@@ -173,6 +177,7 @@ class Engine:
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._eval_walked: dict[int, int] = {}    # id(root) -> the step its eval-mode forward was last walked at
         self._nograd_train: dict[int, tuple[int, int]] = {}   # id(root) -> (step, its train-mode no_grad calls then)
+        self._passes_each_step: set[int] = set()   # roots called so at most steps (a GAN's generator): not looked at
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
         self.called_at: dict[int, float] = {}     # id(root) -> the steps taken before its last call
@@ -729,11 +734,12 @@ class Engine:
             self._probe_eval_output(id(module), output)
 
     def _train_mode_pass(self, module) -> None:
-        """A trained model called under no_grad in train mode: a second such call between two steps is a pass over
-        held-out batches (a validation loop that forgot model.eval()), where its dropout draws and its BatchNorm
-        learns those batches. The steps it happens at are counted: a GAN's no_grad generator (each critic step) or
-        MixMatch's label guessing does it at every step, a validation pass now and then (report._val_in_train).
-        Before the first step: a data-dependent init's passes. Host flags only, the walk once per pass."""
+        """A trained model called under no_grad in train mode between two steps: a pass over held-out batches (a
+        validation that forgot model.eval()) where its dropout draws and its BatchNorm learns those batches. The steps
+        it happens at are counted: a GAN's no_grad generator (each critic step) or MixMatch's label guessing does it
+        at every step, a validation now and then (report._val_in_train); a second call in one interval marks a loop
+        over batches. Before the first step: a data-dependent init's passes. Host flags only, one walk of the model
+        at the first call of an interval, none once the calls come at most steps."""
         import torch
 
         if torch._C._current_graph_task_id() != -1:   # inside a backward: a checkpoint's recomputation
@@ -742,7 +748,10 @@ class Engine:
         step, n = self._nograd_train.get(key, (self.step, 0))
         n = n + 1 if step == self.step else 1
         self._nograd_train[key] = (self.step, n)
-        if n != 2:
+        found = self.checks["val_in_train"].get(key)
+        if n == 2 and found is not None and found["last"] == self.step:
+            found["multi"] = True
+        if n != 1 or key in self._passes_each_step:
             return
         inner = self._inner[key]
         drop = [name for name, m in inner.named_modules() if name and m.training and
@@ -754,8 +763,12 @@ class Engine:
         bns = [name for name, m in inner.named_modules() if any(m is b for b in bns)]
         if not drop and not bns:
             return
-        found = self.checks["val_in_train"].setdefault(key, {"step": self.step, "dropout": drop, "bn": bns, "steps": 0})
+        found = self.checks["val_in_train"].setdefault(
+            key, {"step": self.step, "dropout": drop, "bn": bns, "steps": 0, "multi": False, "last": None})
         found["steps"] += 1
+        found["last"] = self.step
+        if self.step >= 20 and found["steps"] > self.step // 2:   # at most steps: never said, no more walks
+            self._passes_each_step.add(key)
 
     def _eval_reaches(self, module) -> None:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
@@ -826,6 +839,12 @@ class Engine:
             return
         self.loss_seen = True
         self._losses.append(tensor.detach())   # one op; averaged per step at the read
+        self._host_losses = tensor.device.type == "cpu"
+        if self._bad_call is None and self._host_losses and not math.isfinite(float(tensor.detach())):
+            # under accumulation the step's forwards are several: the replay takes the one whose loss went bad,
+            # not the last (a sweep: a NaN input in micro-batch 3 of 4 was blamed on the loss). On the host a look
+            # is free; on an accelerator it would be a sync per backward (the replay then says it took the last)
+            self._bad_call = self.last_call
         if self._graph_looks < GRAPH_LOOKS and tensor.grad_fn is not None:
             self._graph_looks += 1
             self._look_at_graph(tensor.grad_fn)
@@ -1297,7 +1316,9 @@ class Engine:
             if self.step >= 2 and (self._discovery or self.explicit_models):   # (given: on again after a read)
                 self._search()
             self._loss_window.append(self._losses or self._others)
-            self._losses, self._others = [], []
+            # the step's backwards, and its forward whose loss went bad, for this step's replay (the read comes next)
+            self._step_losses, self._stepped_bad = len(self._losses), self._bad_call
+            self._losses, self._others, self._bad_call = [], [], None
             self._clip_window.append(self.clips.take(track.params, self.backwards))
             self._window.append((self.step, track.lr()))
             self._owners[self.step] = id(track)
@@ -1715,13 +1736,19 @@ class Engine:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
         event["before_update"] = event["step"] not in self._read_after   # its gradients read before the update
+        call = self._stepped_bad or self.last_call
         if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
-                and self.last_call is not None and self.last_call[0]() is not None):
+                and call is not None and call[0]() is not None):
             from .replay import replay
 
-            root = self.last_call[0]()   # its modules named as the rows are where there are several models
-            event["replay"] = _norm_overflow(replay(root, *self.last_call[1:], prefix=self.root_prefix(root)), event,
-                                         dict(zip(steps, loss)).get(event["step"]), self.tracks.values())
+            root = call[0]()   # its modules named as the rows are where there are several models
+            event["replay"] = _norm_overflow(replay(root, *call[1:], prefix=self.root_prefix(root)), event,
+                                             dict(zip(steps, loss)).get(event["step"]), self.tracks.values())
+            if self._step_losses > 1 and not self._host_losses and event["kind"] == "loss" \
+                    and event["replay"].get("direction") == "loss":
+                event["replay"]["detail"] += (f" (the step took {self._step_losses} losses, gradient accumulation: "
+                                              "the batch replayed is its last; a non-finite loss of an earlier one "
+                                              "is not told apart off the CPU)")
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "

@@ -753,10 +753,11 @@ def _eval_unreached(result: Result, engine) -> None:
 
 
 def _val_in_train(result: Result, engine) -> None:
-    """Passes of a trained model under no_grad in train mode, between steps now and then (engine._train_mode_pass):
+    """Passes of a trained model under no_grad in train mode between steps, now and then (engine._train_mode_pass):
     a validation that forgot model.eval(). At more than half the steps (a GAN's critic steps, MixMatch's guesses): no
-    finding. A BatchNorm there took in the batches (a warning); dropout alone only made the numbers noisy (info:
-    Monte-Carlo dropout does it on purpose)."""
+    finding. A warning where a loop of such calls (two or more between two steps) ran through a BatchNorm: it took
+    those batches in; info otherwise: dropout alone only made the numbers noisy (Monte-Carlo dropout does it on
+    purpose), and a single call (a GAN's sample of images, in train mode as the DCGAN tutorial takes it) is said."""
     for r, f in engine.checks["val_in_train"].items():
         if f["steps"] > max(1, engine.step // 2):
             continue
@@ -766,8 +767,9 @@ def _val_in_train(result: Result, engine) -> None:
         acting = ([f"its dropout ({cut(drop, ', ', 3)}) drew new noise into every output"] if drop else []) + (
             [f"its BatchNorm ({cut(bns, ', ', 3)}) normalised with each batch and took it into its running "
              "statistics"] if bns else [])
-        result.add("evaluated-in-train-mode", "warning" if bns else "info", prefix.rstrip("."),
-                   f"the model ran several forwards under no_grad in train mode between two steps (after "
+        calls = "several forwards" if f["multi"] else "a forward"
+        result.add("evaluated-in-train-mode", "warning" if bns and f["multi"] else "info", prefix.rstrip("."),
+                   f"the model ran {calls} under no_grad in train mode between two steps (after "
                    f"{_step_words(engine, f['step'])}, at {f['steps']} of {engine.step} steps: a validation pass?): "
                    + "; ".join(acting) + ": what those passes measured is not what the model computes in eval mode",
                    "call model.eval() before validating and model.train() after (Monte-Carlo dropout on purpose: "
