@@ -375,6 +375,17 @@ def test_no_strict_loads_what_fits_and_reports_each_key(spec, tmp_path, cli):
     assert not torch.equal(model[0].weight, torch.zeros(8, 4))           # the mismatched key was not
 
 
+def test_a_pass_with_keys_that_did_not_fit_ends_in_fail_not_pass(spec, tmp_path, cli):
+    # a sweep: nine checkpoint errors, exit 1, and the last line "PASS: loss … in 41 step(s)"
+    state = trained()
+    del state["2.bias"]
+    torch.save(state, tmp_path / "w.pt")
+    r = cli("nancheck", spec, "--checkpoint", tmp_path / "w.pt", "--no-strict-checkpoint")
+    said = " ".join(r.stdout.split())
+    tail = said[said.rindex("FAIL: 1 checkpoint key(s) did not fit"):]
+    assert r.code == 1 and "the command itself: PASS" in tail and "\nPASS" not in r.stdout, r.stdout
+
+
 def test_tied_parameter_saved_once_is_not_missing(tmp_path):
     from torchdiag.core.checkpoint import load
 

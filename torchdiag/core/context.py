@@ -243,6 +243,11 @@ class Context:
         result.header = header
         for report in self.checkpoints:   # keys that did not fit (--no-strict): findings of every command
             report.add_findings(result)
+        unfit = sum(len(r.missing) + len(r.unexpected) + len(r.mismatched) for r in self.checkpoints)
+        if unfit and result.verdict and result.verdict.startswith("PASS"):
+            # those errors set the exit code: the last line says so, not PASS (a sweep: exit 1 under a PASS line)
+            result.verdict = (f"FAIL: {unfit} checkpoint key(s) did not fit (run on with --no-strict-checkpoint); "
+                              f"the command itself: {result.verdict}")
         from .tracking import TRANSFORMED
 
         if TRANSFORMED:
