@@ -214,6 +214,18 @@ def test_an_empty_batch_is_a_usage_error_not_a_failure_inside_torch(cli, tmp_pat
         api.run("nancheck", torch.nn.Linear(3, 3), torch.randn(0, 3))
 
 
+def test_a_target_of_one_value_per_sample_is_the_column_of_a_one_column_output():
+    # Hugging Face's regression labels are (N,) against (N, 1) logits (its loss squeezes them); torch's mse_loss
+    # would broadcast them to N x N, and the rule refused them with exit 2 (a sweep)
+    g = torch.Generator().manual_seed(0)
+    y, t = torch.randn(8, 1, generator=g), torch.randn(8, generator=g)
+    loss = Loss("auto", target=t)
+    assert float(loss(y)) == pytest.approx(float(((y[:, 0] - t) ** 2).mean()))
+    assert "(its (8,) values as the output's one column)" in loss.describe()
+    with pytest.raises(UsageError, match="differs from output shape"):   # (N,) against (N, 2) stays refused
+        Loss("mse", target=t)(torch.randn(8, 2))
+
+
 class AuxNet(torch.nn.Module):
     """Inception's contract in train mode: (logits, aux_logits), the aux head on its own branch."""
 

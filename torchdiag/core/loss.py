@@ -150,6 +150,7 @@ class Loss:
     picked: str = ""              # which output it applies to
     loss_values: int = 0          # the model's own loss came as this many values (not one): their mean
     made_target: bool = False     # the target was made up by torchdiag (not from --batch)
+    column: bool = False          # a given (N,) target read as the (N, 1) output's column (HF's regression labels)
     extra: list = None            # auto: [(label, rule, target)] for the other outputs it covers
     left_out: list = None         # a named rule: labels of outputs with a gradient path it did not cover
     checked_classes: int = 0      # the class count a given integer target was checked against (checked once)
@@ -182,6 +183,8 @@ class Loss:
             text = f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
             if self.chosen == "mse" and self.made_target:
                 text += self._fills_said(self.picked)
+            if self.chosen == "mse" and self.column:
+                text += f" (its {tuple(self.target.shape)[:-1]} values as the output's one column)"
             if self.chosen == "cross_entropy" and self.made_target:
                 text += self._fills_said(self.picked)
             if self.chosen == "cross_entropy" and self.both_layouts:
@@ -387,6 +390,9 @@ class Loss:
                 g = torch.Generator().manual_seed(self.seed)
                 self.target = self._random(torch.randn, y.shape, g).to(y.device, y.dtype)
                 self.made_target = True
+            if not self.made_target and tuple(self.target.shape) + (1,) == tuple(y.shape):
+                # one value per sample against one output column: torch's mse_loss would broadcast it to N x N
+                self.target, self.column = self.target.unsqueeze(-1), True
             if self.target.shape != y.shape:
                 raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}",
                                  hint=_float_classes_hint(self.target, y))
