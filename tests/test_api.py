@@ -252,3 +252,36 @@ def test_run_of_a_command_line_only_command_is_a_usage_error():
         with pytest.raises(torchdiag.UsageError, match="takes no model and inputs") as e:   # AttributeError, TypeError
             torchdiag.api.run(command, torch.nn.Linear(2, 2), torch.randn(1, 2))
         assert call in e.value.hint
+
+
+class _WritesItsWeight(nn.Module):
+    """A forward that moves its own trained weight (a hostile review: every command left it moved, unsaid)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 3)
+        self.ema = nn.Parameter(torch.zeros(3), requires_grad=False)
+
+    def forward(self, x, write="weight"):
+        with torch.no_grad():
+            (self.l.weight if write == "weight" else self.ema).add_(1.0)
+        return self.l(x)
+
+
+@pytest.mark.parametrize("command", ["nancheck", "gradflow", "summary", "activations"])
+def test_a_forward_that_writes_its_own_parameters_is_said(command):
+    model, x = _WritesItsWeight(), torch.randn(2, 4)
+    before = model.l.weight.detach().clone()
+    r = torchdiag.api.run(command, model, x)
+    assert not torch.equal(model.l.weight, before)   # the premise: its own forward moved it (not undone: said)
+    (f,) = [f for f in r.findings if f.code == "param-written-in-forward"]
+    assert f.severity == "warning" and f.where == "l.weight", f
+    again = torchdiag.api.run(command, nn.Linear(4, 3), x)   # the next run of another model: nothing carried over
+    assert not [f for f in again.findings if f.code == "param-written-in-forward"]
+
+
+def test_state_a_forward_keeps_in_a_frozen_parameter_is_info():
+    model = _WritesItsWeight()
+    r = torchdiag.api.run("nancheck", model, {"x": torch.randn(2, 4), "write": "ema"})
+    (f,) = [f for f in r.findings if f.code == "param-written-in-forward"]
+    assert f.severity == "info" and f.where == "ema", f

@@ -232,6 +232,9 @@ class Context:
         feed an embedding make (N, T, V) logits a language model's (core.loss.language_model)."""
         from .loss import language_model
 
+        from .guard import WRITTEN
+
+        WRITTEN.clear()   # a run that raised before finish() left its own
         self.observed = (model, inputs) if inputs is not None else None
         if self.spec.loss == "auto" and self.batch_target is None and inputs is not None:
             self.lm = language_model(model, inputs)
@@ -243,6 +246,7 @@ class Context:
         result.header = header
         for report in self.checkpoints:   # keys that did not fit (--no-strict): findings of every command
             report.add_findings(result)
+        _written(result)
         unfit = sum(len(r.missing) + len(r.unexpected) + len(r.mismatched) for r in self.checkpoints)
         if unfit and result.verdict and result.verdict.startswith("PASS"):
             # those errors set the exit code: the last line says so, not PASS (a sweep: exit 1 under a PASS line)
@@ -405,3 +409,22 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None, spread=False) -
     check_supported(spec, ctx.device)
     precision_header(ctx)
     return ctx
+
+
+def _written(result) -> None:
+    """Parameters the model's own forward wrote in place while the diagnostic ran it (guard.WRITTEN): said, as the
+    run left them changed. A trained weight (requires_grad) that the forward moves is a warning; state kept as a
+    parameter outside the optimizer (an EMA codebook) is info."""
+    from .guard import WRITTEN
+
+    if not WRITTEN:
+        return
+    names, trained = list(WRITTEN), [n for n, flag in WRITTEN.items() if flag]
+    WRITTEN.clear()
+    shown = ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+    result.add("param-written-in-forward", "warning" if trained else "info", names[0] if len(names) == 1 else "model",
+               f"the model's forward wrote {len(names)} parameter(s) in place ({shown}): each call changes them, so "
+               "the diagnostic's own forwards left them changed as a call of yours does",
+               "a trained weight should change only in the optimizer's step: compute out of place (w + 1, not "
+               "w.add_(1)); state the forward updates (an EMA) belongs in a buffer",
+               members=names if len(names) > 1 else None)

@@ -108,6 +108,11 @@ def _put_back(b, value) -> None:
         b.data = value.clone()
 
 
+# names of parameters a model's own forward wrote in place during a diagnostic (their version counters moved): the
+# run's context says so (Context.finish); they stay as the forward left them (see leave_no_trace)
+WRITTEN: dict[str, bool] = {}   # name -> requires_grad
+
+
 @contextlib.contextmanager
 def leave_no_trace(model, buffers: bool = True):
     """Run a diagnostic on `model` in place and put back everything it may touch: training
@@ -116,7 +121,9 @@ def leave_no_trace(model, buffers: bool = True):
     train mode, a step counter, a fake-quant observer in eval too: summary and flops changed them, a
     sweep). buffers=False for a caller that restores them itself. Parameters
     themselves must not be written (commands that train work on a copy); tests check that bit
-    for bit."""
+    for bit. A forward that writes its own parameters in place (`self.w.add_(1)`) is seen by their version
+    counters (free) and said (WRITTEN), not undone: a copy before every write would cost a Python call per op, or
+    the model's memory again, on every model."""
     import torch
 
     saved_buffers = snapshot_buffers(model) if buffers else None
@@ -124,6 +131,7 @@ def leave_no_trace(model, buffers: bool = True):
     # a lazy module's uninitialised parameter raises on any op, and its flag and .grad are its initial ones
     params = [p for p in {id(p): p for p in model.parameters()}.values() if not is_uninitialised(p)]
     requires = [(p, p.requires_grad) for p in params]
+    versions = [(n, p, p._version, p.requires_grad) for n, p in model.named_parameters() if not is_uninitialised(p)]
     grads = [(p, p.grad) for p in params]
     cpu_rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -149,6 +157,7 @@ def leave_no_trace(model, buffers: bool = True):
         torch.backends.mha.set_fastpath_enabled(fastpath)
         if saved_buffers is not None:
             restore_buffers(saved_buffers)
+        WRITTEN.update({n: flag for n, p, v, flag in versions if p._version != v})
 
 
 def fingerprint(model) -> dict:
