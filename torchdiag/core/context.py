@@ -230,9 +230,8 @@ class Context:
     def observe(self, model, inputs) -> None:
         """What the auto loss learns from the model and its inputs before any forward: integer ids that
         feed an embedding make (N, T, V) logits a language model's (core.loss.language_model)."""
-        from .loss import language_model
-
         from .guard import WRITTEN
+        from .loss import language_model
 
         WRITTEN.clear()   # a run that raised before finish() left its own
         self.observed = (model, inputs) if inputs is not None else None
