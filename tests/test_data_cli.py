@@ -272,3 +272,21 @@ def test_a_loss_the_user_named_that_cannot_load_ends_the_run(cli):
     r = cli("data", sample("data_digits.py:train"), "--model", sample("data_digits.py:model"), "--loss",
             "nofile.py:fn", *QUICK)
     assert r.code == 2 and "loss file not found: nofile.py" in r.stderr, (r.code, r.stderr)
+
+
+def test_images_into_a_folder_that_cannot_be_made_is_one_line_exit_2(cli, tmp_path, monkeypatch):
+    # a hostile review: data's own mkdir let the PermissionError through as an internal error (exit 4); root ignores
+    # a read-only folder, so the refusal is the operating system's, made here
+    import os
+
+    real = os.mkdir
+    blocked = tmp_path / "blocked"
+
+    def mkdir(path, *args, **kwargs):
+        if os.fspath(path).startswith(os.fspath(blocked)):
+            raise PermissionError(1, "Operation not permitted", os.fspath(path))
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    r = cli("data", sample("data_fake.py:dataset"), "--no-speed", "--images", blocked / "dd")
+    one_error_line(r)
+    assert r.code == 2 and "not writable (Operation not permitted)" in r.stderr, r.stderr

@@ -78,7 +78,6 @@ def write_images(result, path) -> str:
             ax.set_xticks([])
             ax.set_title(f"data {split}: sample inputs ({g['field']}), one row per class", fontsize=9)
             fig.tight_layout()
-            folder.mkdir(parents=True, exist_ok=True)
             with atomic_path(folder / f"samples_{split}.png", "--images") as tmp:
                 fig.savefig(tmp)
         finally:
