@@ -767,3 +767,13 @@ def test_a_transformers_moe_folder_saved_per_expert_loads_into_its_fused_experts
     with pytest.raises(UsageError, match="does not fit the model"):
         load(transformers.AutoModelForCausalLM.from_config(cfg), str(tmp_path / "stale" / "model.safetensors.index.json"),
              torch.device("cpu"), strict=True)
+
+
+def test_an_empty_or_foreign_file_is_said_in_words(spec, tmp_path, cli):
+    # a hostile review: "cannot read text.pt: KeyError: 101" and "cannot read empty.pt: EOFError"
+    (tmp_path / "text.pt").write_text("hello")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for name, said in (("text.pt", "not a file torch.save wrote (neither its zip archive nor a pickle; 5 bytes)"),
+                       ("empty.pt", "the file is empty")):
+        r = cli("summary", spec, "--checkpoint", tmp_path / name)
+        assert r.code == 2 and f"cannot read {tmp_path / name}: {said}" in r.stderr, r.stderr

@@ -274,8 +274,27 @@ def _weights_only(path: str, where: dict):
                          hint="rename it to .safetensors" if foreign and "safetensors" in foreign else
                          "torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
     except Exception as exc:  # not a torch file, truncated, ...
-        raise UsageError(f"cannot read {path}: {one_line(exc)}",
+        raise UsageError(f"cannot read {path}: {_unreadable(path, exc)}",
                          hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+
+
+def _unreadable(path: str, exc: Exception) -> str:
+    """Why torch.load could not read a file, in words: an empty file, or one that is neither torch.save's zip nor a
+    pickle (a hostile review: a text file said "KeyError: 101", an empty one "EOFError"); else torch's own."""
+    import os
+    import zipfile
+
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return one_line(exc)
+    if size == 0:
+        return "the file is empty"
+    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":   # torch.save's zip, or a legacy pickle's PROTO opcode
+        return f"not a file torch.save wrote (neither its zip archive nor a pickle; {size:,} bytes)"
+    return one_line(exc)
 
 
 def _refusal(path: str, why: str, hint: str | None = None) -> UsageError:
