@@ -212,12 +212,23 @@ def test_check_section_fails_on_an_error_finding(cli, tmp_path):
 @pytest.mark.parametrize("table, words", [
     ("{stepz = 3}", "unknown key 'stepz' in lr-find"),
     ("{lr = 0.1}", "unknown key 'lr' in lr-find"),
-    ("{max-lr = 1e-9}", "lr-find max-lr: must be above"),
+    ("{max-lr = 1e-9}", "lr-find max-lr: must be above min-lr (1e-07)"),
     ('"yes"', "lr-find = 'yes'"),
 ])
 def test_check_section_refuses_bad_keys_by_name(cli, tmp_path, table, words):
     r = _check(cli, tmp_path, sample("lr_linear.py:build"), table)
     assert r.code == 2 and words in r.stderr, r.stderr
+
+
+def test_a_bound_named_in_the_message_is_the_callers_option_too(cli):
+    # a hostile review: "--max-lr: must be above min_lr (1)" named the other bound by its Python field
+    r = cli("lr-find", sample("lr_linear.py:build"), "--min-lr", "1", "--max-lr", "0.1")
+    assert r.code == 2 and "--max-lr: must be above --min-lr (1), got 0.1" in r.stderr, r.stderr
+    assert "e.g. --min-lr 1e-7 to --max-lr 10" in r.stderr
+    from torchdiag.diagnostics.lr_find.options import Options
+    from torchdiag.errors import OptionError
+    with pytest.raises(OptionError, match=r"max_lr: must be above min_lr \(1\)"):   # in Python, its own names
+        Options(min_lr=1.0, max_lr=0.1)
 
 
 # --- the console, pinned ---------------------------------------------------------------------------------

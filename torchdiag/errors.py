@@ -170,15 +170,24 @@ class OptionError(UsageError):
     """A bad option value, found when Options are built (before any model is loaded). The message
     names the option for the caller: `name_for("cli")` renames it before it is shown."""
 
-    def __init__(self, field: str, problem: str, hint: str | None = None, flag: str | None = None):
-        self.field, self.problem, self.flag = field, problem, flag
+    def __init__(self, field: str, problem: str, hint: str | None = None, flag: str | None = None,
+                 others: tuple[str, ...] = ()):
+        # `others`: other options the problem or hint names, renamed with it (`must be above --min-lr`)
+        self.field, self.problem, self.flag, self.others, self.raw_hint = field, problem, flag, others, hint
         super().__init__(self._text("python"), hint)
 
     def _text(self, caller: str) -> str:
         name = self.flag if caller == "cli" and self.flag else option_name(self.field, caller)
-        return f"{name}: {self.problem}"
+        return f"{name}: {self._renamed(self.problem, caller)}"
+
+    def _renamed(self, text: str, caller: str) -> str:
+        for other in self.others:
+            text = text.replace(other, option_name(other, caller))
+        return text
 
     def name_for(self, caller: str) -> OptionError:
         self.message = self._text(caller)
         self.args = (self.message,)
+        if self.raw_hint:
+            self.hint = self._renamed(self.raw_hint, caller)
         return self

@@ -33,7 +33,8 @@ class Options:
         number("max_lr", self.max_lr, low=0, low_open=True)
         if self.max_lr <= self.min_lr:
             raise OptionError("max_lr", f"must be above min_lr ({self.min_lr:g}), got {self.max_lr:g}",
-                              hint="the range test sweeps the rate upwards, e.g. min_lr 1e-7 to max_lr 10")
+                              hint="the range test sweeps the rate upwards, e.g. min_lr 1e-7 to max_lr 10",
+                              others=("min_lr", "max_lr"))
         number("steps", self.steps, low=10, integer=True)
         number("diverge", self.diverge, low=1, low_open=True)
         number("repeats", self.repeats, low=1, high=MAX_REPEATS, integer=True)
