@@ -1623,5 +1623,5 @@ def test_batchnorm_running_statistics_that_keep_the_last_batch_or_never_move_are
         return
     (f,) = f
     assert f.severity == "warning" and f.where == "1", f
-    said = "the last training batch's" if momentum == 0.99 else "still at mean 0, variance 1"
+    said = "weigh the last training batch 0.99 and all before it 0.01" if momentum == 0.99 else "still at mean 0, variance 1"
     assert said in f.message and f.message.startswith("BatchNorm 1 has momentum"), f.message

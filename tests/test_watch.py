@@ -7947,3 +7947,30 @@ def test_under_accumulation_the_replay_takes_the_micro_batch_whose_loss_went_non
 def test_under_accumulation_on_an_accelerator_the_replay_says_it_took_the_last_micro_batch():
     f = _accumulated_nan_run("cuda", 2)   # no look per backward there: the last batch replayed, and said so
     assert "at step 5" in f.message and "the batch replayed is its last" in f.hint, (f.message, f.hint)
+
+
+@pytest.mark.parametrize("momentum", [1.0, 0.1, 0.0])
+def test_batchnorm_statistics_that_keep_the_last_batch_or_never_move_are_said(momentum):
+    # a sweep: BatchNorm momentum 1.0 ran unsaid (eval accuracy 0.68 against 0.96 at torch's 0.1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16, momentum=momentum), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    model[1].register_forward_hook(lambda m, args, out: seen.append(args[0].detach().mean(0)))
+    with Watch(model, opt, every=10) as w:
+        for _ in range(12):
+            x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    if momentum == 1.0:   # the premise: the statistics are the last batch's own
+        assert torch.allclose(model[1].running_mean, seen[-1], atol=1e-6)
+    found = [f for f in w.result().findings if f.code == "batchnorm-momentum"]
+    if momentum == 0.1:
+        assert not found, [f.message for f in found]
+        return
+    (f,) = found
+    said = "weigh the last training batch 1 and all before it 0" if momentum == 1.0 else \
+        "still at mean 0, variance 1 after 12 steps"
+    assert f.severity == "warning" and f.where == "1" and said in f.message, f.message

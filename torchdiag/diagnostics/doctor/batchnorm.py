@@ -3,12 +3,8 @@ erases what the sample was (the output the same for any input). An error when th
 a warning when a batch of 1 would (the last batch of an epoch), found by probes. The fact is the failing module and
 what it received, or the outputs compared, never the error text.
 
-batchnorm-momentum: running statistics that keep mostly the last batch (torch's momentum is the newest batch's
-weight: TensorFlow's 0.99 copied as is, as in torchvision's MaxViT before 0.18 and transformers' EfficientNet and
-MobileNets), or that never move (momentum 0 with the statistics still at their start after the training steps)."""
+batchnorm-momentum: running statistics that keep mostly the last batch, or never move (core/bn_momentum.py)."""
 from __future__ import annotations
-
-from typing import Any
 
 from ...core.seeds import second_sample
 from ...core.tracking import ModuleTracker
@@ -122,44 +118,12 @@ def bn_batch1_probe(work, inputs, ck: Checklist, erased: tuple[float, float] | N
 
 def bn_momentum(work, ck: Checklist) -> None:
     """batchnorm-momentum on the copy the training checks trained: what its BatchNorms' running statistics keep."""
-    import torch
-    from torch.nn.modules.batchnorm import _BatchNorm
+    from ...core.bn_momentum import CODE, kept_statistics
 
-    bns: list[tuple[str, Any, float]] = [
-        (n, m, float(m.momentum)) for n, m in work.named_modules() if isinstance(m, _BatchNorm)
-        and m.track_running_stats and m.running_mean is not None and m.momentum is not None]
-    high = [(n, w) for n, _, w in bns if w >= 0.5]
-    if high:
-        names, v = [name(n) for n, _ in high], max(w for _, w in high)
-        ck.find("batchnorm", "batchnorm-momentum", "warning", names[0] if len(names) == 1 else "model",
-                f"{_subject(names)} momentum {'up to ' if len(high) > 1 else ''}{v:g}: torch's momentum is the "
-                f"weight of the newest batch, so their running statistics are {v:.4g} the last training batch's, and "
-                "eval mode normalises with whichever batch came last (TensorFlow's momentum is the old statistics' "
-                f"weight: its {v:g} is torch's {1 - v:.4g})",
-                "momentum = 1 - the TensorFlow/Keras value (0.01 for Keras's 0.99); torch's default is 0.1",
-                verdict=f"running statistics are {v:.4g} the last batch's", members=names if len(names) > 1 else None)
-    still = [(n, m) for n, m, w in bns if w == 0 and m.running_mean.device.type != "meta"]
-    if not still:
-        return
-    # one read: is each one's statistics still where BatchNorm starts them (mean 0, variance 1)?
-    try:
-        start = torch.stack([(m.running_mean == 0).all() & (m.running_var == 1).all() for _, m in still]).tolist()
-    except Exception:   # noqa: BLE001 - statistics that cannot be read as one (sharded, on several devices): not judged
-        return
-    names = [name(n) for (n, _), s in zip(still, start) if s]
-    if names:
-        ck.find("batchnorm", "batchnorm-momentum", "warning", names[0] if len(names) == 1 else "model",
-                f"{_subject(names)} momentum 0 and running statistics still at "
-                "mean 0, variance 1 after the training steps: eval mode normalises with those, not with the data's",
-                "momentum 0 never updates the statistics: use torch's default 0.1; to keep a trained model's "
-                "statistics, put its BatchNorms in eval mode instead",
-                verdict="running statistics never move from mean 0, variance 1", members=names if len(names) > 1 else None)
-
-
-def _subject(names: list[str]) -> str:
-    if len(names) == 1:
-        return f"BatchNorm {names[0]} has"
-    return f"{len(names)} BatchNorm modules ({', '.join(names[:3])}{f' (+{len(names) - 3} more)' if len(names) > 3 else ''}) have"
+    for kept in kept_statistics(work):
+        names = [name(n) for n in kept.names]
+        ck.find("batchnorm", CODE, "warning", names[0] if len(names) == 1 else "model", kept.message, kept.hint,
+                verdict=kept.verdict, members=kept.members)
 
 
 def _gaps(erased: tuple[float, float]) -> str:
