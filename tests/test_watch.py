@@ -7661,9 +7661,30 @@ def test_a_validation_dip_within_noise_is_not_an_improvement_that_overfit():
         return finding(result, "val-worsens").hint
 
     shuffled = [0.7025, 0.6996, 0.7554, 0.843, 0.9621, 1.1339, 1.1665, 1.3179, 1.4081, 1.4405]
-    assert hint(shuffled).startswith("it was never better than at its first evaluation")
+    assert hint(shuffled).startswith("a validation metric of the run was never better than at its first evaluation")
     learned = [0.7025, 0.52, 0.45, 0.47, 0.55, 0.66, 0.8, 0.95, 1.1, 1.3]
     assert hint(learned) == "overfitting: stop earlier, add regularisation or data"
+
+
+def test_one_run_gets_one_story_from_its_validation_metrics():
+    """A sweep (labels permuted once, memorised): val_loss never beat its first evaluation and was told to check the
+    labels, while val_acc, at chance throughout with a small early rise, was told "overfitting". Both now point at the
+    labels; the message names the training loss's running median, the hint its first steps' (they differed)."""
+    import types
+
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    steps = range(30, 301, 30)
+    loss = [0.7025, 0.6996, 0.7554, 0.843, 0.9621, 1.1339, 1.1665, 1.3179, 1.4081, 1.4405]
+    acc = [0.50, 0.56, 0.58, 0.55, 0.53, 0.51, 0.50, 0.49, 0.48, 0.47]
+    engine = types.SimpleNamespace(metrics={"val_loss": list(zip(steps, loss)), "val_acc": list(zip(steps, acc))})
+    result = Result("watch")
+    report._validation(result, engine, [(s, 0.69 * math.exp(-s / 110)) for s in range(1, 301)])
+    found = {f.where: f for f in result.findings if f.code == "val-worsens"}
+    assert set(found) == {"val_loss", "val_acc"}
+    assert all("check that each label belongs to its input" in f.hint for f in found.values()), found
+    assert all("the training loss (running median) fell" in f.message for f in found.values())
 
 
 @pytest.mark.parametrize("lr, given", [(1e4, False), (0.01, False), (1e4, True)])

@@ -1595,7 +1595,7 @@ def _validation(result: Result, engine, pairs) -> None:
         before = [s for s in med if s <= step]
         return med[before[-1]] if before else None
 
-    unknown = []
+    unknown, worse = [], []
     for name, vals in engine.metrics.items():
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         if len(vals) < 3 or re.search(r"(?<![a-z])train", name, re.I):   # not "constraint", "strain"
@@ -1612,9 +1612,9 @@ def _validation(result: Result, engine, pairs) -> None:
         if (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None
                 and (t1 < t0 or t0 == t1 == 0)):
             fell = "was exactly 0" if t0 == t1 == 0 else f"fell from {t0:.4g} to {t1:.4g}" + (" (exactly 0)" if t1 == 0 else "")
-            result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
-                       f"to {last:.4g} (step {vals[-1][0]}) while the training loss {fell}",
-                       _val_hint(pairs, t1, not _improved_first(vals, best, up)))
+            worse.append((name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) to {last:.4g} "
+                                f"(step {vals[-1][0]}) while the training loss (running median) {fell}", t1,
+                          not _improved_first(vals, best, up)))
         elif (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None and t0 > 0
               and t1 > 1.5 * t0 and not any(f.code == "loss-diverged" for f in result.findings)):
             # both worse together: the run diverged, which the training loss alone did not show as far as its own
@@ -1622,6 +1622,12 @@ def _validation(result: Result, engine, pairs) -> None:
             result.add("loss-diverged", "warning", "", f"the training loss climbed from {t0:.4g} (running median, step "
                        f"{vals[best][0]}) to {t1:.4g} (step {vals[-1][0]}) and {name} got worse with it, from "
                        f"{vals[best][1]:.4g} to {last:.4g}", "lower the learning rate")
+    # one story for the run: a metric that never improved on its first evaluation says nothing learned carries
+    # over, and then no other metric of the run is told "overfitting" (a sweep: val_loss pointed at the labels and
+    # val_acc, at chance throughout, at early stopping)
+    never = any(first for *_, first in worse)
+    for name, message, end, first in worse:
+        result.add("val-worsens", "warning", name, message, _val_hint(pairs, end, first or never))
     if unknown:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
@@ -1662,8 +1668,9 @@ def _val_hint(pairs, end: float, first_best: bool) -> str:
     start = statistics.median([v for _, v in pairs][:window(len(pairs))])
     hardly = start > 0 and end >= 0.9 * start
     if first_best or hardly:
-        why = (f"the training loss hardly fell ({start:.4g} → {end:.4g})" if hardly else
-               "it was never better than at its first evaluation")
+        why = (f"the training loss hardly fell over the run (its first steps' median {start:.4g} → {end:.4g})"
+               if hardly else "a validation metric of the run was never better than at its first evaluation, beyond "
+               "its noise")
         return (f"{why}: nothing learned carries over to it; check that each label belongs to its input (shuffled "
                 "or misaligned apart) and that validation inputs are prepared as training's, before regularising")
     return "overfitting: stop earlier, add regularisation or data"
