@@ -384,6 +384,10 @@ def test_a_pass_with_keys_that_did_not_fit_ends_in_fail_not_pass(spec, tmp_path,
     said = " ".join(r.stdout.split())
     tail = said[said.rindex("FAIL: 1 checkpoint key(s) did not fit"):]
     assert r.code == 1 and "the command itself: PASS" in tail and "\nPASS" not in r.stdout, r.stdout
+    # a command with no verdict line of its own gets this one (a review: exit 1 and no FAIL line)
+    r = cli("summary", spec, "--checkpoint", tmp_path / "w.pt", "--no-strict-checkpoint")
+    said = " ".join(r.stdout.split())
+    assert r.code == 1 and "FAIL: 1 checkpoint key(s) did not fit (run on with --no-strict-checkpoint)" in said
 
 
 def test_tied_parameter_saved_once_is_not_missing(tmp_path):
@@ -773,7 +777,11 @@ def test_an_empty_or_foreign_file_is_said_in_words(spec, tmp_path, cli):
     # a hostile review: "cannot read text.pt: KeyError: 101" and "cannot read empty.pt: EOFError"
     (tmp_path / "text.pt").write_text("hello")
     (tmp_path / "empty.pt").write_bytes(b"")
+    good = tmp_path / "good.pt"
+    torch.save(trained(), good)
+    # a copy cut short: a review found it called no zip
+    (tmp_path / "cut.pt").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     for name, said in (("text.pt", "not a file torch.save wrote (neither its zip archive nor a pickle; 5 bytes)"),
-                       ("empty.pt", "the file is empty")):
+                       ("empty.pt", "the file is empty"), ("cut.pt", "a zip archive without its end")):
         r = cli("summary", spec, "--checkpoint", tmp_path / name)
         assert r.code == 2 and f"cannot read {tmp_path / name}: {said}" in r.stderr, r.stderr

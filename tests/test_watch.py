@@ -7995,3 +7995,59 @@ def test_batchnorm_statistics_that_keep_the_last_batch_or_never_move_are_said(mo
     said = "weigh the last training batch 1 and all before it 0" if momentum == 1.0 else \
         "still at mean 0, variance 1 after 12 steps"
     assert f.severity == "warning" and f.where == "1" and said in f.message, f.message
+
+
+@pytest.mark.parametrize("variant", ["gan_long", "precise_bn"])
+def test_train_mode_passes_at_every_step_or_a_recalibration_are_not_said(variant):
+    # a review: a GAN's no_grad generator at each of 100 steps was said (its count stopped at 20, the run's went
+    # on), and fvcore's PreciseBN (momentum 1 while it sums the batches itself) got a warning
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
+    with Watch(model, opt, every=10) as w:
+        for step in range(100):
+            if variant == "gan_long" or (variant == "precise_bn" and step % 40 == 39):
+                bns, kept = [model[1]], model[1].momentum
+                if variant == "precise_bn":   # fvcore.nn.precise_bn.update_bn_stats, as detectron2 runs it
+                    model[1].momentum = 1.0
+                with torch.no_grad():
+                    for i in range(0, 64, 16):
+                        model(x[i:i + 16])
+                for bn in bns:
+                    bn.momentum = kept
+            opt.zero_grad()
+            F.cross_entropy(model(x[:16]), y[:16]).backward()
+            opt.step()
+    assert not [f.message for f in w.result().findings if f.code == "evaluated-in-train-mode"]
+
+
+def test_a_non_finite_gradient_of_an_earlier_micro_batch_says_the_replay_took_the_last():
+    # a review: sqrt at 0 in micro-batch 1 of 4 (every loss finite) was replayed on micro-batch 4 and said to come
+    # from the loss outside the model, with no word that another batch was replayed
+    torch.manual_seed(0)
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.l = nn.Linear(4, 4, bias=False), nn.Linear(4, 3)
+
+        def forward(self, x):   # a zero sample: sqrt's gradient at 0 is inf, times 0: NaN into a.weight
+            h = self.a(x)
+            return self.l(h) * h.pow(2).sum(1, keepdim=True).sqrt()
+
+    model = Norm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 6):
+            opt.zero_grad()
+            for k in range(4):
+                x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+                if step == 3 and k == 0:
+                    x[0] = 0.0
+                (F.cross_entropy(model(x), y) / 4).backward()
+            opt.step()
+    (f,) = [f for f in w.result().findings if f.code.startswith("non-finite")]
+    assert "step 3" in f.message and "the batch replayed is its last" in f.hint, (f.message, f.hint)

@@ -292,7 +292,9 @@ def _unreadable(path: str, exc: Exception) -> str:
         return one_line(exc)
     if size == 0:
         return "the file is empty"
-    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":   # torch.save's zip, or a legacy pickle's PROTO opcode
+    if head == b"PK" and not zipfile.is_zipfile(path):   # a zip's first bytes without its end: a copy cut short
+        return f"a zip archive without its end ({size:,} bytes: cut short?): {one_line(exc, 120)}"
+    if head != b"PK" and head[:1] != b"\x80":   # neither torch.save's zip nor a pickle's PROTO opcode
         return f"not a file torch.save wrote (neither its zip archive nor a pickle; {size:,} bytes)"
     return one_line(exc)
 

@@ -247,10 +247,11 @@ class Context:
             report.add_findings(result)
         _written(result)
         unfit = sum(len(r.missing) + len(r.unexpected) + len(r.mismatched) for r in self.checkpoints)
-        if unfit and result.verdict and result.verdict.startswith("PASS"):
-            # those errors set the exit code: the last line says so, not PASS (a sweep: exit 1 under a PASS line)
-            result.verdict = (f"FAIL: {unfit} checkpoint key(s) did not fit (run on with --no-strict-checkpoint); "
-                              f"the command itself: {result.verdict}")
+        if unfit and (not result.verdict or result.verdict.startswith("PASS")):
+            # those errors set the exit code: the last line says so, not PASS (a sweep: exit 1 under a PASS line),
+            # and a command with no verdict line of its own (summary, flops) gets this one (a review)
+            result.verdict = (f"FAIL: {unfit} checkpoint key(s) did not fit (run on with --no-strict-checkpoint)"
+                              + (f"; the command itself: {result.verdict}" if result.verdict else ""))
         from .tracking import TRANSFORMED
 
         if TRANSFORMED:
@@ -411,19 +412,20 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None, spread=False) -
 
 
 def _written(result) -> None:
-    """Parameters the model's own forward wrote in place while the diagnostic ran it (guard.WRITTEN): said, as the
-    run left them changed. A trained weight (requires_grad) that the forward moves is a warning; state kept as a
-    parameter outside the optimizer (an EMA codebook) is info."""
+    """Parameters the model's own forward wrote in place while the diagnostic ran it (guard.WRITTEN): said (info), as
+    the run left them changed. Not a fault in itself: an Embedding's max_norm renormalises its rows in place as
+    torch documents, a data-dependent init (Glow's ActNorm) writes on its first call (a review of a warning)."""
     from .guard import WRITTEN
 
     if not WRITTEN:
         return
-    names, trained = list(WRITTEN), [n for n, flag in WRITTEN.items() if flag]
+    names = list(WRITTEN)
     WRITTEN.clear()
     shown = ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
-    result.add("param-written-in-forward", "warning" if trained else "info", names[0] if len(names) == 1 else "model",
-               f"the model's forward wrote {len(names)} parameter(s) in place ({shown}): each call changes them, so "
-               "the diagnostic's own forwards left them changed as a call of yours does",
-               "a trained weight should change only in the optimizer's step: compute out of place (w + 1, not "
-               "w.add_(1)); state the forward updates (an EMA) belongs in a buffer",
+    result.add("param-written-in-forward", "info", names[0] if len(names) == 1 else "model",
+               f"the model's forward wrote {len(names)} parameter(s) in place ({shown}): the diagnostic's own calls "
+               "left them changed, as a call of yours does",
+               "as intended (an Embedding's max_norm, a data-dependent init) this is no fault; otherwise a weight "
+               "should change only in the optimizer's step (w + 1, not w.add_(1)), and state the forward updates "
+               "belongs in a buffer",
                members=names if len(names) > 1 else None)

@@ -758,8 +758,8 @@ class Engine:
                 isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
         bns = [m for name, m in inner.named_modules() if name and m.training and
                isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-        if any(m.momentum is None for m in bns):   # a cumulative average: swa_utils.update_bn's recalibration
-            return
+        if any(m.momentum is None or m.momentum == 1.0 for m in bns):   # a recalibration: swa_utils.update_bn's
+            return   # cumulative average, fvcore's PreciseBN (detectron2) at momentum 1 while it sums the batches itself
         bns = [name for name, m in inner.named_modules() if any(m is b for b in bns)]
         if not drop and not bns:
             return
@@ -769,6 +769,7 @@ class Engine:
         found["last"] = self.step
         if self.step >= 20 and found["steps"] > self.step // 2:   # at most steps: never said, no more walks
             self._passes_each_step.add(key)
+            found["each_step"] = True
 
     def _eval_reaches(self, module) -> None:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
@@ -840,10 +841,11 @@ class Engine:
         self.loss_seen = True
         self._losses.append(tensor.detach())   # one op; averaged per step at the read
         self._host_losses = tensor.device.type == "cpu"
-        if self._bad_call is None and self._host_losses and not math.isfinite(float(tensor.detach())):
+        if self._bad_call is None and self.opts.replay and nonfinite_losses([tensor.detach()]):
             # under accumulation the step's forwards are several: the replay takes the one whose loss went bad,
             # not the last (a sweep: a NaN input in micro-batch 3 of 4 was blamed on the loss). On the host a look
-            # is free; on an accelerator it would be a sync per backward (the replay then says it took the last)
+            # through NumPy is free (no op, no wait); on an accelerator it would be a sync per backward (the replay
+            # then says it took the last)
             self._bad_call = self.last_call
         if self._graph_looks < GRAPH_LOOKS and tensor.grad_fn is not None:
             self._graph_looks += 1
@@ -1744,11 +1746,13 @@ class Engine:
             root = call[0]()   # its modules named as the rows are where there are several models
             event["replay"] = _norm_overflow(replay(root, *call[1:], prefix=self.root_prefix(root)), event,
                                              dict(zip(steps, loss)).get(event["step"]), self.tracks.values())
-            if self._step_losses > 1 and not self._host_losses and event["kind"] == "loss" \
-                    and event["replay"].get("direction") == "loss":
+            # the batch the step went bad on was not told: a non-finite gradient with every loss finite (a review:
+            # sqrt at 0 in micro-batch 1 of 4), or a loss off the CPU; the replay of the last says what it replayed
+            if self._stepped_bad is None and self._step_losses > 1 and event["replay"].get("direction") == "loss" \
+                    and (event["kind"] == "gradient" or not self._host_losses):
                 event["replay"]["detail"] += (f" (the step took {self._step_losses} losses, gradient accumulation: "
-                                              "the batch replayed is its last; a non-finite loss of an earlier one "
-                                              "is not told apart off the CPU)")
+                                              "the batch replayed is its last, which may not be the one that went "
+                                              "non-finite)")
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "

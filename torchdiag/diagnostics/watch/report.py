@@ -760,7 +760,7 @@ def _val_in_train(result: Result, engine) -> None:
     those batches in; info otherwise: dropout alone only made the numbers noisy (Monte-Carlo dropout does it on
     purpose), and a single call (a GAN's sample of images, in train mode as the DCGAN tutorial takes it) is said."""
     for r, f in engine.checks["val_in_train"].items():
-        if f["steps"] > max(1, engine.step // 2):
+        if f.get("each_step") or f["steps"] > max(1, engine.step // 2):   # (counted no further once at most steps)
             continue
         root = engine.roots.get(r)
         prefix = engine.root_prefix(root) if root is not None else ""
