@@ -285,3 +285,17 @@ def test_state_a_forward_keeps_in_a_frozen_parameter_is_info():
     r = torchdiag.api.run("nancheck", model, {"x": torch.randn(2, 4), "write": "ema"})
     (f,) = [f for f in r.findings if f.code == "param-written-in-forward"]
     assert f.severity == "info" and f.where == "ema", f
+
+
+def test_option_errors_name_the_other_options_in_python_terms():
+    # a review: Python callers were told "is the --input-field too" and "--optimizer sgd --momentum M"
+    from torchdiag.core.run import optimizer_spec
+    from torchdiag.diagnostics.data.options import Options
+    from torchdiag.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"target_field: 'a' is the input_field too") as e:
+        Options(input_field="a", target_field="a")
+    assert "--" not in e.value.message + (e.value.hint or "")
+    with pytest.raises(OptionError) as e:
+        optimizer_spec(None, momentum=0.5)
+    assert e.value.hint == "optimizer sgd with momentum M, or leave momentum out"

@@ -114,7 +114,7 @@ def optimizer_spec(base: OptimizerSpec | None = None, **given) -> OptimizerSpec:
     spec = dataclasses.replace(base or OptimizerSpec(), **fields)
     if "momentum" in fields and spec.name != "sgd":   # adam's betas are not a momentum: refuse, not ignore
         raise OptionError("momentum", f"applies to sgd only, not {spec.name}",
-                          hint="--optimizer sgd --momentum M, or leave --momentum out")
+                          hint="optimizer sgd with momentum M, or leave momentum out", others=("optimizer", "momentum"))
     return spec
 
 

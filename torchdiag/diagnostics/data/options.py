@@ -42,9 +42,9 @@ class Options:
             if value is not None and (not isinstance(value, str) or not value):
                 raise OptionError(name, f"{value!r} is not a field name", hint="e.g. image, label, [0], [1]")
         if self.input_field is not None and self.input_field == self.target_field:   # (a sweep: no input was read,
-            raise OptionError("target_field", f"{self.target_field!r} is the --input-field too",   # and "OK")
-                              hint="the input and the target are two fields of a batch, e.g. --input-field [0] "
-                                   "--target-field [1]")
+            raise OptionError("target_field", f"{self.target_field!r} is the input_field too",   # and "OK")
+                              hint="the input and the target are two fields of a batch, e.g. input_field [0], "
+                                   "target_field [1]", others=("input_field", "target_field"))
         if self.workers is not None:
             if isinstance(self.workers, str):   # "0,2,4" from a config file
                 try:
