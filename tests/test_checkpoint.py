@@ -785,3 +785,15 @@ def test_an_empty_or_foreign_file_is_said_in_words(spec, tmp_path, cli):
                        ("empty.pt", "the file is empty"), ("cut.pt", "a zip archive without its end")):
         r = cli("summary", spec, "--checkpoint", tmp_path / name)
         assert r.code == 2 and f"cannot read {tmp_path / name}: {said}" in r.stderr, r.stderr
+
+
+def test_a_plain_pickle_is_refused_in_words(spec, tmp_path, cli):
+    # a review: torch's weights-only refusal, cut mid-sentence at 120 characters, with its bold codes (\x1b[1m)
+    import pickle
+
+    (tmp_path / "p.pt").write_bytes(pickle.dumps({"w": [1, 2, 3]}))
+    (tmp_path / "cut.pt").write_bytes(pickle.dumps(list(range(100)))[:30])
+    for name in ("p.pt", "cut.pt"):
+        r = cli("summary", spec, "--checkpoint", tmp_path / name, "--json")
+        assert r.code == 2 and "\x1b[" not in r.stderr + r.stdout, r.stderr
+        assert "does not read as torch.save's: written by pickle.dump, or cut short" in r.stderr, r.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 
@@ -91,8 +92,8 @@ def host_out_of_memory(exc: BaseException) -> bool:
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """`TypeName: first line of the message`, cut to `limit` characters (even when str(exc) raises)."""
-    try:
-        text = str(exc).strip().splitlines()
+    try:   # a terminal's colour codes left out (torch's weights-only refusal bolds words: a review)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
     except Exception:
         text = ["(its message could not be printed)"]
     first = text[0] if text else ""

@@ -23,15 +23,26 @@ class Kept:
     members: list[str] | None = field(default=None)
 
 
-def kept_statistics(model, prefix: str = "") -> list[Kept]:
-    """The BatchNorms of `model` whose running statistics keep mostly the last batch, then those that never moved
-    (asked after training steps: a fresh model's are at their start by construction). `prefix` names them."""
-    import torch
+def odd(model) -> list[tuple[str, Any]]:
+    """(name, module) of the BatchNorms whose momentum is one this module judges (host flags only)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    bns: list[tuple[str, Any, float]] = [
-        (prefix + n, m, float(m.momentum)) for n, m in model.named_modules() if isinstance(m, _BatchNorm)
-        and m.track_running_stats and m.running_mean is not None and m.momentum is not None]
+    from .lazy import is_uninitialised
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats
+            and m.running_mean is not None and not is_uninitialised(m.running_mean) and m.momentum is not None
+            and (m.momentum >= KEEPS_LAST or m.momentum == 0)]
+
+
+def kept_statistics(model, prefix: str = "", only: set[str] | None = None) -> list[Kept]:
+    """The BatchNorms of `model` whose running statistics keep mostly the last batch, then those that never moved
+    (asked after training steps: a fresh model's are at their start by construction). `prefix` names them; `only`:
+    the names (unprefixed) to judge, those that ran in train mode (watch: a BatchNorm frozen in eval keeps the
+    statistics it was given, whatever its momentum)."""
+    import torch
+
+    bns: list[tuple[str, Any, float]] = [(prefix + n, m, float(m.momentum)) for n, m in odd(model)
+                                         if only is None or n in only]
     out = []
     high = [(n, w) for n, _, w in bns if w >= KEEPS_LAST]
     if high:

@@ -283,7 +283,9 @@ def _weights_only(path: str, where: dict):
         # no importable object in the stream: a damaged or foreign file, not a dangerous one. torch's own words
         # point at weights_only=False, which would not read a file that is no pickle at all (a sweep)
         foreign = _foreign(path)
-        raise UsageError(f"cannot read {path}: " + (foreign or one_line(exc, 120)),
+        # torch's own words, cut at 120 characters, said less than this (a review)
+        raise UsageError(f"cannot read {path}: " + (foreign or "a pickle that torch.load(weights_only=True) does not "
+                         "read as torch.save's: written by pickle.dump, or cut short"),
                          hint="rename it to .safetensors" if foreign and "safetensors" in foreign else
                          "torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
     except Exception as exc:  # not a torch file, truncated, ...

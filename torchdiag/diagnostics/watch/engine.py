@@ -134,7 +134,7 @@ class Engine:
                        "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
-                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}}
+                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
@@ -178,6 +178,7 @@ class Engine:
         self._eval_walked: dict[int, int] = {}    # id(root) -> the step its eval-mode forward was last walked at
         self._nograd_train: dict[int, tuple[int, int]] = {}   # id(root) -> (step, its train-mode no_grad calls then)
         self._passes_each_step: set[int] = set()   # roots called so at most steps (a GAN's generator): not looked at
+        self._bn_odd: dict[int, list] = {}   # id(root) -> its BatchNorms bn_momentum judges, with their start counts
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
         self.called_at: dict[int, float] = {}     # id(root) -> the steps taken before its last call
@@ -516,6 +517,7 @@ class Engine:
                 self._labels[0] += "#0"
             self._prefix_first(self._labels[0] + ".")
         self._inner[id(root)] = inner(root)
+        self._bn_start(root)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
         if compiled(root):
@@ -685,14 +687,13 @@ class Engine:
     def _root_pre(self, module, args, kwargs):
         if self.children.hooks:   # its own forward runs: judged as a called model (children.py)
             self.children.unhook(id(module))
-        if not self._inner[id(module)].training and not _grad_enabled() and not _compiling() \
-                and self._eval_walked.get(id(module)) != self.step:   # a validation pass (a head trained with the
-            # rest put in eval, a linear probe's, runs with grad on)
-            self._eval_walked[id(module)] = self.step
-            self._eval_reaches(module)
-        elif self._inner[id(module)].training and not _grad_enabled() and self.step and not _compiling():
-            self._train_mode_pass(module)
-        if not _grad_enabled():
+        if not _grad_enabled():   # asked once (a call a step counts: the step budget)
+            if not self._inner[id(module)].training and not _compiling() \
+                    and self._eval_walked.get(id(module)) != self.step:   # a validation pass (a head trained with
+                self._eval_walked[id(module)] = self.step                 # the rest in eval runs with grad on)
+                self._eval_reaches(module)
+            elif self._inner[id(module)].training and self.step and not _compiling():
+                self._train_mode_pass(module)
             return
         # vmap/grad's wrapped tensors, kept for a replay or reduced here, would escape the transform (a sweep:
         # DP-SGD's per-sample gradients stopped watch); torch.compile traces under functorch too: its case is below
@@ -749,9 +750,14 @@ class Engine:
         n = n + 1 if step == self.step else 1
         self._nograd_train[key] = (self.step, n)
         found = self.checks["val_in_train"].get(key)
-        if n == 2 and found is not None and found["last"] == self.step:
-            found["multi"] = True
+        if n == 2 and found is not None and found["last"] == self.step:   # a loop of them: counted apart, so a
+            found["multi"] = True                                          # single look at every step (a train
+            found["multi_steps"] += 1                                      # accuracy) hides no validation loop
+            if found["multi_from"] is None:
+                found["multi_from"] = self.step
         if n != 1 or key in self._passes_each_step:
+            if n == 1 and found is not None:
+                found["last"] = self.step
             return
         inner = self._inner[key]
         drop = [name for name, m in inner.named_modules() if name and m.training and
@@ -764,7 +770,8 @@ class Engine:
         if not drop and not bns:
             return
         found = self.checks["val_in_train"].setdefault(
-            key, {"step": self.step, "dropout": drop, "bn": bns, "steps": 0, "multi": False, "last": None})
+            key, {"step": self.step, "dropout": drop, "bn": bns, "steps": 0, "multi": False, "last": None,
+                  "multi_steps": 0, "multi_from": None})
         found["steps"] += 1
         found["last"] = self.step
         if self.step >= 20 and found["steps"] > self.step // 2:   # at most steps: never said, no more walks
@@ -841,7 +848,7 @@ class Engine:
         self.loss_seen = True
         self._losses.append(tensor.detach())   # one op; averaged per step at the read
         self._host_losses = tensor.device.type == "cpu"
-        if self._bad_call is None and self.opts.replay and nonfinite_losses([tensor.detach()]):
+        if self._bad_call is None and self._host_losses and self.opts.replay and not _finite_here(tensor):
             # under accumulation the step's forwards are several: the replay takes the one whose loss went bad,
             # not the last (a sweep: a NaN input in micro-batch 3 of 4 was blamed on the loss). On the host a look
             # through NumPy is free (no op, no wait); on an accelerator it would be a sync per backward (the replay
@@ -983,17 +990,46 @@ class Engine:
         return (bool(t.roots) and not t.released and self.step >= 2 * every
                 and t.since_clock > max(2 * every, CLOCK_STOPPED * t.peak_since))
 
+    def _bn_start(self, root) -> None:
+        """A hooked model's BatchNorms of a momentum core/bn_momentum judges (rare: host flags), with their batch
+        counts as they start (on the device, no read): at each read, those that counted batches since are judged."""
+        from ...core.bn_momentum import odd
+
+        found = odd(inner(root))
+        if found:
+            self._bn_odd[id(root)] = [(n, weakref.ref(m), m.num_batches_tracked.detach().clone()) for n, m in found
+                                      if m.num_batches_tracked is not None]
+
+    def _bn_kept(self) -> None:
+        """At a read: batchnorm-momentum of each hooked model's judged BatchNorms that ran in train mode since it was
+        hooked (one read, only where such a BatchNorm exists), kept by the model's id: a model local to the script's
+        main() is gone by the report (a review: never said)."""
+        import torch
+
+        from ...core.bn_momentum import kept_statistics
+
+        for rid, entries in list(self._bn_odd.items()):
+            root, live = self.roots.get(rid), [(n, r(), c) for n, r, c in entries if r() is not None]
+            if root is None or not live:
+                continue
+            grew = torch.stack([(m.num_batches_tracked.to(c.device) > c) for _, m, c in live]).tolist()
+            only = {n for (n, _, _), g in zip(live, grew) if g}
+            self.checks["bn_kept"][rid] = kept_statistics(inner(root), self.root_prefix(root), only) if only else []
+
     def _queue_bn_stats(self, kinds) -> None:
         """The norms of every watched model's normalisation statistics (`kinds`: mode_sensitive's modules), queued
         for the next read: a non-finite one is non-finite-bn-stats."""
         import torch
 
+        from ...core.lazy import is_uninitialised
+
         stats = []
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
-                      if isinstance(m, kinds)
-                      for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
+                      if isinstance(m, kinds)   # (a lazy BatchNorm never called has no statistics yet: a review)
+                      for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var))
+                      if t is not None and not is_uninitialised(t)]
         if stats:
             with torch.no_grad():
                 norms = torch.stack([n.float() for n in norms32([t for _, t in stats])])
@@ -1572,6 +1608,8 @@ class Engine:
                                                                       if o is not t and o.last_step > t.last_step)))
         self._last_read = self.step
         self._observe_frozen()
+        if self._bn_odd:
+            self._bn_kept()
         sensitive = mode_sensitive()
         for _rid, root in self.roots.items():
             if not inner(root).training:
@@ -1750,9 +1788,10 @@ class Engine:
             # sqrt at 0 in micro-batch 1 of 4), or a loss off the CPU; the replay of the last says what it replayed
             if self._stepped_bad is None and self._step_losses > 1 and event["replay"].get("direction") == "loss" \
                     and (event["kind"] == "gradient" or not self._host_losses):
-                event["replay"]["detail"] += (f" (the step took {self._step_losses} losses, gradient accumulation: "
-                                              "the batch replayed is its last, which may not be the one that went "
-                                              "non-finite)")
+                event["replay"]["detail"] = (   # not "came from the loss": the batch that went bad was not kept
+                    f"the step took {self._step_losses} losses (gradient accumulation) and the batch replayed is its "
+                    "last, whose forward and backward are finite with these weights: the non-finite value came from "
+                    "an earlier batch of the step (not kept), in the model or in its loss")
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "
@@ -1777,6 +1816,9 @@ class Engine:
                 self._queue_bn_stats(mode_sensitive()[1])
         with contextlib.suppress(Exception):
             self._observe_frozen()   # a run shorter than `every`, or a model put in eval since the last read
+        with contextlib.suppress(Exception):
+            if self._bn_odd:
+                self._bn_kept()   # the steps since the last read (a run shorter than `every`)
         try:
             if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
                 self.read(final=True)
@@ -2151,6 +2193,16 @@ def _elementwise_losses() -> tuple:
     import torch
 
     return (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
+
+
+def _finite_here(t) -> bool:
+    """A CPU scalar's finiteness through a NumPy view (no op, no wait: the per-step flag's way); bfloat16, which
+    NumPy lacks, takes one cast. Inlined, not stats.nonfinite_losses: a call per backward counts (the step budget)."""
+    try:
+        v = t.detach().numpy().item()
+    except TypeError:
+        v = t.detach().float().numpy().item()
+    return math.isfinite(v)
 
 
 def mode_sensitive() -> tuple:

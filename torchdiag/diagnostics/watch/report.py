@@ -333,8 +333,8 @@ def _wiring(result: Result, engine) -> None:
                 continue
             # never at a read step since it joined, and no non-zero norm at any step (the per-step rows): a sparse
             # MoE's expert routed to between reads got gradients (a review: experts 0 and 5 were named)
-            if not _got_grad(t, i) and t.sampled > t.joined[i]:
-                shape = "x".join(map(str, p.shape)) or "scalar"   # a row named by index says what it is by its shape
+            if not _got_grad(t, i) and t.sampled > t.joined[i] and p.numel():   # (empty: nothing to train)
+                shape = _shape_of(p)   # a row named by index says what it is by its shape
                 never.setdefault("warning" if p.requires_grad else "info", []).append(f"{t.names[i]} ({shape})")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
                 result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {_its_steps(t, engine)}: "
@@ -760,7 +760,9 @@ def _val_in_train(result: Result, engine) -> None:
     those batches in; info otherwise: dropout alone only made the numbers noisy (Monte-Carlo dropout does it on
     purpose), and a single call (a GAN's sample of images, in train mode as the DCGAN tutorial takes it) is said."""
     for r, f in engine.checks["val_in_train"].items():
-        if f.get("each_step") or f["steps"] > max(1, engine.step // 2):   # (counted no further once at most steps)
+        half = max(1, engine.step // 2)
+        loops = 0 < f["multi_steps"] <= half   # loops of such calls now and then: a validation, whatever else
+        if not loops and (f.get("each_step") or f["steps"] > half):   # (counted no further once at most steps)
             continue
         root = engine.roots.get(r)
         prefix = engine.root_prefix(root) if root is not None else ""
@@ -768,29 +770,27 @@ def _val_in_train(result: Result, engine) -> None:
         acting = ([f"its dropout ({cut(drop, ', ', 3)}) drew new noise into every output"] if drop else []) + (
             [f"its BatchNorm ({cut(bns, ', ', 3)}) normalised with each batch and took it into its running "
              "statistics"] if bns else [])
-        calls = "several forwards" if f["multi"] else "a forward"
-        result.add("evaluated-in-train-mode", "warning" if bns and f["multi"] else "info", prefix.rstrip("."),
+        calls = "several forwards" if loops else "a forward"
+        at = f["multi_steps"] if loops else f["steps"]
+        result.add("evaluated-in-train-mode", "warning" if bns and loops else "info", prefix.rstrip("."),
                    f"the model ran {calls} under no_grad in train mode between two steps (after "
-                   f"{_step_words(engine, f['step'])}, at {f['steps']} of {engine.step} steps: a validation pass?): "
+                   f"{_step_words(engine, f['multi_from'] if loops else f['step'])}, at {at} of {engine.step} steps: "
+                   "a validation pass?): "
                    + "; ".join(acting) + ": what those passes measured is not what the model computes in eval mode",
                    "call model.eval() before validating and model.train() after (Monte-Carlo dropout on purpose: "
                    "ignore this)", members=(drop + bns) if len(drop + bns) > 1 else None)
 
 
 def _bn_momentum(result: Result, engine) -> None:
-    """The trained models' BatchNorms whose running statistics keep mostly the last batch, or never moved over the
-    run's steps (core/bn_momentum.py, as doctor asks it): asked once, at the end. A sweep: momentum 1.0 ran unsaid,
-    eval accuracy 0.68 against 0.96 with torch's default."""
-    from ...core.bn_momentum import CODE, kept_statistics
-    from .engine import inner
+    """The trained models' BatchNorms that ran in train mode and whose running statistics keep mostly the last
+    batch, or never moved (core/bn_momentum.py, as doctor asks it; engine._bn_kept at each read). A sweep: momentum
+    1.0 ran unsaid, eval accuracy 0.68 against 0.96 with torch's default."""
+    from ...core.bn_momentum import CODE
 
-    if not engine.step:
-        return
-    for root in list(engine.roots.values()):
-        for kept in kept_statistics(inner(root), engine.root_prefix(root)):
-            result.add(CODE, "warning", kept.names[0] if len(kept.names) == 1 else engine.root_prefix(root).rstrip("."),
-                       kept.message.replace("after the training steps", f"after {engine.step} steps"), kept.hint,
-                       members=kept.members)
+    for kept_list in engine.checks["bn_kept"].values():
+        for kept in kept_list:
+            where = kept.names[0] if len(kept.names) == 1 else ""
+            result.add(CODE, "warning", where, kept.message, kept.hint, members=kept.members)
 
 
 def _frozen_in_train(result: Result, engine) -> None:
@@ -1622,10 +1622,12 @@ def _validation(result: Result, engine, pairs) -> None:
             result.add("loss-diverged", "warning", "", f"the training loss climbed from {t0:.4g} (running median, step "
                        f"{vals[best][0]}) to {t1:.4g} (step {vals[-1][0]}) and {name} got worse with it, from "
                        f"{vals[best][1]:.4g} to {last:.4g}", "lower the learning rate")
-    # one story for the run: a metric that never improved on its first evaluation says nothing learned carries
-    # over, and then no other metric of the run is told "overfitting" (a sweep: val_loss pointed at the labels and
-    # val_acc, at chance throughout, at early stopping)
-    never = any(first for *_, first in worse)
+    # one story for the run: a validation loss that never improved on its first evaluation says nothing learned
+    # carries over, and then no other metric of the run is told "overfitting" (a sweep: val_loss pointed at the
+    # labels and val_acc, at chance throughout, at early stopping)
+    # (a loss's: a calibration error best at the first evaluations, as a zero-initialised head's is, told an
+    # overfitting run to check its labels: a review)
+    never = any(first and re.search(r"loss", name, re.I) for name, _, _, first in worse)
     for name, message, end, first in worse:
         result.add("val-worsens", "warning", name, message, _val_hint(pairs, end, first or never))
     if unknown:
@@ -1669,8 +1671,8 @@ def _val_hint(pairs, end: float, first_best: bool) -> str:
     hardly = start > 0 and end >= 0.9 * start
     if first_best or hardly:
         why = (f"the training loss hardly fell over the run (its first steps' median {start:.4g} → {end:.4g})"
-               if hardly else "a validation metric of the run was never better than at its first evaluation, beyond "
-               "its noise")
+               if hardly else "it, or the run's validation loss, was never better than at its first evaluation, "
+               "beyond its noise")
         return (f"{why}: nothing learned carries over to it; check that each label belongs to its input (shuffled "
                 "or misaligned apart) and that validation inputs are prepared as training's, before regularising")
     return "overfitting: stop earlier, add regularisation or data"
@@ -1740,7 +1742,7 @@ def _layers(result: Result, engine) -> None:
             samples = engine.ratios.get(t.names[i], [])
             later = [v for s, v in samples if s > 1] or [v for _, v in samples]
             ratio = statistics.median(later) if later else None
-            rows.append({"name": t.names[i], "shape": "x".join(map(str, p.shape)) or "scalar", "update_ratio": ratio,
+            rows.append({"name": t.names[i], "shape": _shape_of(p), "update_ratio": ratio,
                          "weight_norm": t.weight_norm[i] if t.weight_norm else None, "max_grad_norm": t.grad_max[i],
                          "got_grad": _got_grad(t, i),
                          "changed": None if t.changed is None else t.changed[i]})
@@ -1944,3 +1946,10 @@ def _optimizers(engine) -> list[str]:
         out.append(f"{engine.one_offs} optimizer(s) let go with their model after one step (a model made anew each "
                    "step) not listed; their steps are counted")
     return out
+
+
+def _shape_of(p) -> str:
+    """A parameter's shape as said; a lazy module's never called has none yet (a review: asking raised)."""
+    from ...core.lazy import is_uninitialised
+
+    return "uninitialised (a lazy module never called)" if is_uninitialised(p) else "x".join(map(str, p.shape)) or "scalar"

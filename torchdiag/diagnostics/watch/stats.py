@@ -135,7 +135,7 @@ class Track:
         (same_params), which takes the tensors back from a released track."""
         self.rebind(opt)
         self.adopted_at = getattr(self, "stepped", 0)   # its steps when this optimizer took it (optimizer-remade)
-        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.params = [_made(p) for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
         self.main = _main_group(opt.param_groups)   # the index of the group whose rate is the run's (lr())
@@ -883,6 +883,19 @@ def _sample(p):
     return _strided(p.detach().reshape(-1), _fan_in(p)).float().clone()
 
 
+def _made(p):
+    """The parameter, or for a lazy module's never called (no shape, no values: every look raised, and watch stopped:
+    a review) an empty stand-in: nothing to train or judge, as an empty parameter. Materialised later it is not
+    watched (lazy modules are made by a dry forward before the optimizer, as torch's docs ask)."""
+    from ...core.lazy import is_uninitialised
+
+    if not is_uninitialised(p):
+        return p
+    import torch
+
+    return torch.zeros(0)
+
+
 class Released:
     """What the report reads of a parameter whose optimizer the run let go (Track.release), and a weak reference
     to it: its model can go."""
@@ -912,8 +925,10 @@ def _main_group(groups) -> int:
     """The index of the group whose learning rate is the run's: the largest of those a schedule or the user set
     above 0 (its `initial_lr`, a scheduler's base, else `lr`). A group held at 0 (a warm-up freeze) made the run's
     rate 0 (a sweep); the fastest group, a small head added at 10x, made a false warm-up rise (a review)."""
-    def size(k):
-        return sum(p.numel() for p in groups[k]["params"])
+    from ...core.lazy import is_uninitialised
+
+    def size(k):   # a lazy module never called holds no size yet (a review: numel() raised, watch stopped)
+        return sum(p.numel() for p in groups[k]["params"] if not is_uninitialised(p))
 
     def base(k):
         return rate(groups[k].get("initial_lr", groups[k].get("lr"))) or 0.0
