@@ -7947,23 +7947,32 @@ def test_a_validation_pass_in_train_mode_is_said(variant):
     assert ("ran several forwards" if variant in ("bn", "dropout") else "ran a forward") in f.message
 
 
-def _accumulated_nan_run(device, bad_micro):
-    """4 micro-batches a step; at step 5 micro-batch `bad_micro` (0-based) gets a NaN in its input."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+def _accumulated_run(model, width, bad_step, plant, device="cpu", steps=7):
+    """4 micro-batches a step; at `bad_step` plant(k, x) edits micro-batch k's input; the non-finite finding."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
     with Watch(model, opt, every=10) as w:
-        for step in range(1, 8):
+        for step in range(1, steps + 1):
             opt.zero_grad()
             for k in range(4):
-                x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
-                if step == 5 and k == bad_micro:
-                    x[2, 1] = float("nan")
+                x, y = torch.randn(8, width, generator=g), torch.randint(0, 3, (8,), generator=g)
+                if step == bad_step:
+                    plant(k, x)
                 (F.cross_entropy(model(x.to(device)), y.to(device)) / 4).backward()
             opt.step()
-    (f,) = [f for f in w.result().findings if f.code == "non-finite-loss"]
+    (f,) = [f for f in w.result().findings if f.code.startswith("non-finite")]
     return f
+
+
+def _accumulated_nan_run(device, bad_micro):
+    """At step 5 micro-batch `bad_micro` (0-based) gets a NaN in its input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+
+    def plant(k, x):
+        if k == bad_micro:
+            x[2, 1] = float("nan")
+    return _accumulated_run(model, 6, 5, plant, device)
 
 
 @pytest.mark.parametrize("bad_micro", [0, 2, 3])
@@ -8034,15 +8043,19 @@ def test_batchnorm_momentum_is_said_of_a_model_the_script_let_go_before_the_end(
     assert "weigh the last training batch 0.99" in f.message, f.message
 
 
+def _bn_net_and_batch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05), x, y
+
+
 @pytest.mark.parametrize("variant", ["gan_long", "precise_bn"])
 def test_train_mode_passes_at_every_step_or_a_recalibration_are_not_said(variant):
     # a review: a GAN's no_grad generator at each of 100 steps was said (its count stopped at 20, the run's went
     # on), and fvcore's PreciseBN (momentum 1 while it sums the batches itself) got a warning
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
+    model, opt, x, y = _bn_net_and_batch()
     with Watch(model, opt, every=10) as w:
         for step in range(100):
             if variant == "gan_long" or (variant == "precise_bn" and step % 40 == 39):
@@ -8074,19 +8087,10 @@ def test_a_non_finite_gradient_of_an_earlier_micro_batch_says_the_replay_took_th
             h = self.a(x)
             return self.l(h) * h.pow(2).sum(1, keepdim=True).sqrt()
 
-    model = Norm()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(0)
-    with Watch(model, opt, every=10) as w:
-        for step in range(1, 6):
-            opt.zero_grad()
-            for k in range(4):
-                x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
-                if step == 3 and k == 0:
-                    x[0] = 0.0
-                (F.cross_entropy(model(x), y) / 4).backward()
-            opt.step()
-    (f,) = [f for f in w.result().findings if f.code.startswith("non-finite")]
+    def plant(k, x):
+        if k == 0:
+            x[0] = 0.0
+    f = _accumulated_run(Norm(), 4, 3, plant, steps=5)
     assert "step 3" in f.message and "the batch replayed is its last" in f.hint and "outside the model" not in f.hint, \
         (f.message, f.hint)
 
@@ -8094,11 +8098,7 @@ def test_a_non_finite_gradient_of_an_earlier_micro_batch_says_the_replay_took_th
 def test_a_validation_loop_is_said_beside_a_look_at_every_step():
     # a review: a training accuracy taken by a second no_grad forward at every step marked the model "at every
     # step" and hid its validation loop in train mode (BatchNorm's statistics moved by 1.2 each time)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
+    model, opt, x, y = _bn_net_and_batch()
     with Watch(model, opt, every=10) as w:
         for _epoch in range(4):
             for i in range(0, 64, 8):
