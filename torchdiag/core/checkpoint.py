@@ -63,11 +63,10 @@ class Report:
     tied: list[tuple[str, str]] = field(default_factory=list)   # (kept, dropped): one tensor in the model, two in the file
     cast: dict[str, int] = field(default_factory=dict)          # "bfloat16 → float32": tensors the copy cast
     converted: bool = False    # read by transformers' loader into its in-memory layout (transformers_layout)
-    new_head: bool = False     # --arg task's other head: missing and unexpected keys are its own, said as info
 
     @property
     def fits(self) -> bool:
-        return not (self.mismatched or (not self.new_head and (self.missing or self.unexpected)))
+        return not (self.missing or self.unexpected or self.mismatched)
 
     def describe(self) -> str:
         parts = [f"{self.path}: {self.loaded} tensor{'' if self.loaded == 1 else 's'} loaded"]
@@ -80,9 +79,6 @@ class Report:
         if self.converted:
             parts.append("converted by transformers' own loader to the layout the model keeps in memory")
         parts += [f"{n} cast {how}" for how, n in self.cast.items()]
-        if self.new_head and (self.missing or self.unexpected):
-            parts.append(f"another head (--arg task): {len(self.missing)} tensor(s) newly initialised, "
-                         f"{len(self.unexpected)} of the file's dropped")
         if not self.fits:   # a few names each: every key is a finding of its own (add_findings), and a wrong
             parts.append(self.mismatch_summary(limit=3))   # checkpoint's hundreds flooded the header (a review)
         return ", ".join(parts)
@@ -104,20 +100,11 @@ class Report:
         return "; ".join(parts)
 
     def add_findings(self, result) -> None:
-        """Each key that did not fit, as an error finding (the run went on with --no-strict); under another head
-        (new_head) the keys of the new head and of the old one, as info, once each kind."""
-        if self.new_head and (self.missing or self.unexpected):
-            new, old = self.missing, self.unexpected
-            result.add("checkpoint-new-head", "info", "", f"--arg task put another head on the model {self.path} holds: "
-                       f"{len(new)} tensor(s) it lacks are newly initialised ({', '.join(new[:4])}"
-                       f"{' …' if len(new) > 4 else ''}) and {len(old)} of its own are dropped ({', '.join(old[:4])}"
-                       f"{' …' if len(old) > 4 else ''}), as from_pretrained does",
-                       hint="the new head's weights are random: a fine-tuning run starts from them",
-                       members=new + old if len(new + old) > 1 else None)
-        for key in ([] if self.new_head else self.missing):
+        """Each key that did not fit, as an error finding (the run went on with --no-strict)."""
+        for key in self.missing:
             result.add("checkpoint-missing-key", "error", key, f"{key} is not in {self.path}: it keeps its random initialisation",
                        hint="the checkpoint is for another model or another version of it")
-        for key in ([] if self.new_head else self.unexpected):
+        for key in self.unexpected:
             result.add("checkpoint-unexpected-key", "error", key, f"{self.path} holds {key}, which the model does not have",
                        hint="the checkpoint is for another model or another version of it")
         for key, theirs, ours in self.mismatched:
@@ -611,22 +598,20 @@ def _shared_head(keys: list[str]) -> list[str]:
     return commonprefix(parts) if parts else []
 
 
-def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint",
-         new_head: bool = False) -> Report:
+def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint") -> Report:
     """Read `path` and load what fits into `model` (in place: torchdiag built it). `off` is how the
-    caller turns strictness off (the flag, or strict_checkpoint=False). `new_head`: the model is another head on
-    the file's (hf: --arg task): its missing and unexpected keys fit as from_pretrained's do."""
+    caller turns strictness off (the flag, or strict_checkpoint=False)."""
     state, header_only = read_state(path, device)
     ours = model.state_dict(keep_vars=True)
     state, stripped = strip_prefix(state, set(ours))
     state, added = add_prefix(state, set(ours)) if not stripped else (state, "")
-    report = Report(path, stripped=stripped, added=added, header_only=header_only, new_head=new_head)
+    report = Report(path, stripped=stripped, added=added, header_only=header_only)
     meta = device is not None and device.type == "meta"
     fitting = _sort(model, state, ours, report, meta)
     if not report.fits and not header_only:
         layout = transformers_layout(model, path)
         if layout is not None:
-            report = Report(path, header_only=header_only, converted=True, new_head=new_head)
+            report = Report(path, header_only=header_only, converted=True)
             fitting = _sort(model, layout, ours, report, meta)
     if strict and not report.fits:
         raise UsageError(f"checkpoint {path} does not fit the model: "

@@ -246,8 +246,7 @@ class Context:
         for report in self.checkpoints:   # keys that did not fit (--no-strict): findings of every command
             report.add_findings(result)
         _written(result)
-        unfit = sum(len(r.mismatched) + (0 if r.new_head else len(r.missing) + len(r.unexpected))
-                    for r in self.checkpoints)
+        unfit = sum(len(r.missing) + len(r.unexpected) + len(r.mismatched) for r in self.checkpoints)
         if unfit and (not result.verdict or result.verdict.startswith("PASS")):
             # those errors set the exit code: the last line says so, not PASS (a sweep: exit 1 under a PASS line),
             # and a command with no verdict line of its own (summary, flops) gets this one (a review)
@@ -339,11 +338,7 @@ def load_checkpoints(spec: RunSpec, loaded, device) -> list:
 
     files = [spec.checkpoint] if spec.checkpoint else list(loaded.weights)
     off = {"cli": "--no-strict-checkpoint", "python": "strict_checkpoint=False"}.get(spec.caller, "strict-checkpoint = false")
-    # --arg task put another head on a saved model (an MLM folder under a classifier): the keys of the new head and
-    # of the one left behind are what from_pretrained initialises and drops, said as info (a sweep: refused, exit 2)
-    saved = getattr(loaded, "saved_head", "")
-    new_head = bool(saved) and not spec.checkpoint and type(loaded.model).__name__ != saved
-    return [load(loaded.model, f, device, spec.strict_checkpoint, off, new_head=new_head) for f in files]
+    return [load(loaded.model, f, device, spec.strict_checkpoint, off) for f in files]
 
 
 def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:

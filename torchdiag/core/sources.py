@@ -63,7 +63,6 @@ class Source:
     header: dict[str, Any] = field(default_factory=dict)
     labels_from_ids: bool = False          # a causal LM: its default inputs pass labels = the input ids
     alternatives: tuple[tuple[str, ...], ...] = ()  # further default inputs to try when `inputs` do not run (hf_inputs)
-    saved_head: str = ""                   # hf: with --arg task: the class the folder's weights were saved from
 
 
 def is_source(spec: str) -> bool:
@@ -278,8 +277,6 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
 
     source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
-    if task is not None:   # another head on the saved base: its keys are new, the old head's dropped (from_pretrained)
-        source.saved_head = str((config_dict.get("architectures") or [""])[0] or "")
     source.header["unread"] = _unread_weights(folder, source.weights)   # said by core.context (--checkpoint or not)
     if not source.weights:
         where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
