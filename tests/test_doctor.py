@@ -1625,3 +1625,38 @@ def test_batchnorm_running_statistics_that_keep_the_last_batch_or_never_move_are
     assert f.severity == "warning" and f.where == "1", f
     said = "weigh the last training batch 0.99 and all before it 0.01" if momentum == 0.99 else "still at mean 0, variance 1"
     assert said in f.message and f.message.startswith("BatchNorm 1 has momentum"), f.message
+
+
+class _KeepsBatchNormInEval(nn.Module):
+    """A model whose train() keeps its BatchNorm in eval (a frozen, pretrained normalisation)."""
+
+    def __init__(self, momentum):
+        super().__init__()
+        self.body = _bn_net(momentum)
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.body[1].eval()
+        return self
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("momentum", [0.99, 0.0])
+def test_batchnorm_momentum_is_not_judged_where_the_models_train_keeps_it_in_eval(momentum):
+    torch.manual_seed(0)
+    model = _KeepsBatchNormInEval(momentum)
+    model.train()
+    assert not model.body[1].training   # the premise: train mode never updates its statistics
+    r = run_diag(model, torch.randn(4, 3, 16, 16))
+    assert not [f.message for f in r.findings if f.code == "batchnorm-momentum"]
+
+
+def test_a_batchnorm_of_momentum_none_runs_on_meta_in_both_modes():
+    # momentum None (a cumulative average) reads float(num_batches_tracked) in train mode, which meta refuses;
+    # the devices row said "train mode raised there: Tensor.item() cannot be called on meta tensors"
+    torch.manual_seed(0)
+    r = run_diag(_bn_net(None), torch.randn(4, 3, 16, 16))
+    (row,) = [row for row in r.table("checks").rows if row["id"] == "device"]
+    assert row["status"] == "ok" and "raised" not in row["verdict"], row

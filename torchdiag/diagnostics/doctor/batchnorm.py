@@ -117,10 +117,14 @@ def bn_batch1_probe(work, inputs, ck: Checklist, erased: tuple[float, float] | N
 
 
 def bn_momentum(work, ck: Checklist) -> None:
-    """batchnorm-momentum on the copy the training checks trained: what its BatchNorms' running statistics keep."""
+    """batchnorm-momentum on the copy the training checks trained: what its BatchNorms' running statistics keep.
+    Only those train mode trains: a BatchNorm that the model's own train() keeps in eval (frozen) keeps the
+    statistics it was given, whatever its momentum."""
     from ...core.bn_momentum import CODE, kept_statistics
 
-    for kept in kept_statistics(work):
+    work.train()
+    trained = {n for n, m in work.named_modules() if m.training}
+    for kept in kept_statistics(work, only=trained):
         names = [name(n) for n in kept.names]
         ck.find("batchnorm", CODE, "warning", names[0] if len(names) == 1 else "model", kept.message, kept.hint,
                 verdict=kept.verdict, members=kept.members)

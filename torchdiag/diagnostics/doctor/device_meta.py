@@ -148,6 +148,17 @@ def rebuild_on_meta(model, factory):
     return copy.deepcopy(model).to("meta"), "copy of the model moved to meta"
 
 
+def _count_free_momentum(meta_model) -> None:
+    """A BatchNorm of momentum None averages over 1 / float(num_batches_tracked) in train mode, a read no meta or
+    fake tensor allows ("Tensor.item() cannot be called on meta tensors" stood in the devices row): the meta copy
+    (ours) takes a number, which moves nothing between devices."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    for m in meta_model.modules():
+        if isinstance(m, _BatchNorm) and m.momentum is None:
+            m.momentum = 0.1
+
+
 def _dtypes_of(model, rebuilt):
     """The rebuilt model with each parameter and buffer in the dtype the model's has: the factory builds float32,
     the model may run cast (--dtype bfloat16: "Input type (BFloat16) and bias type (float) should be the same"
@@ -173,6 +184,7 @@ def check_device_meta(model, inputs, factory, ck: Checklist, real_device_hint: s
         ck.row("device", "skipped", f"could not build the model on meta: {one_line(exc)}")
         return
     meta_inputs = inputs.map(lambda t: torch.empty_like(t, device="meta"))
+    _count_free_momentum(meta_model)
     for mode in ("eval", "train"):
         meta_model.train(mode == "train")
         tracker = ModuleTracker(meta_model)
