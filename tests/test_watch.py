@@ -8113,3 +8113,44 @@ def test_a_validation_loop_is_said_beside_a_look_at_every_step():
     (f,) = [f for f in w.result().findings if f.code == "evaluated-in-train-mode"]
     assert f.severity == "warning" and "ran several forwards" in f.message and "at 4 of 32 steps" in f.message, \
         f.message
+
+
+class _LateLazyBranch(nn.Module):
+    """An auxiliary head made lazily and first called after the optimizer's first steps; one lazy module never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.aux, self.unused = nn.Linear(8, 16), nn.Linear(16, 4), nn.LazyLinear(4), nn.LazyLinear(3)
+
+    def forward(self, x, aux):
+        h = torch.relu(self.body(x))
+        return self.head(h) + self.aux(h) if aux else self.head(h)
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_a_lazy_branch_made_after_the_first_steps_is_watched_by_name(poison):
+    """A review: a lazy module first called after the optimizer had stepped kept an empty stand-in: its trained weights
+    were said "never changed" as param_groups[0][4], and a NaN in its gradient was not named. One never called is
+    never-gets-grad by name, as a Linear never called."""
+    torch.manual_seed(0)
+    model = _LateLazyBranch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    with Watch(every=10) as w:
+        for step in range(40):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, step >= 5), y)
+            loss.backward()
+            if poison and step == 25:
+                model.aux.weight.grad[0, 0] = float("nan")
+            opt.step()
+    r = w.result()
+    assert model.aux.weight.shape == (4, 16) and model.aux.weight.grad is not None   # the premise: it trained
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    assert rows["aux.weight"]["changed"] and not any(k.startswith("param_groups") for k in rows), rows
+    (never,) = [f for f in r.findings if f.code == "never-gets-grad"]
+    assert never.severity == "warning" and set(never.members) == {"unused.weight", "unused.bias"}, never
+    assert "never-changes" not in codes(r, ("error", "warning", "info")), r.findings
+    if poison:
+        bad = finding(r, "non-finite-gradient")
+        assert bad.where == "aux.weight" and "step 26" in bad.message, bad.to_dict()

@@ -888,7 +888,8 @@ class Engine:
         if self._dead or self._dead_roots:
             self._file_dead()
         t = self.tracks.get(id(opt))
-        left = self._regroup(opt, t) if t is not None and len(opt.param_groups) != t.groups else None
+        left = (self._regroup(opt, t) if t is not None and (len(opt.param_groups) != t.groups
+                                                            or t.lazy and t.made_since()) else None)
         if left is not None:
             t = None
         if t is None:
@@ -929,7 +930,8 @@ class Engine:
         return marks
 
     def _regroup(self, opt, old: Track) -> Track:
-        """`opt` took a param group more (a backbone unfrozen with add_param_group): its track stays as a let-go
+        """`opt` took a param group more (a backbone unfrozen with add_param_group), or a lazy module it holds was
+        made (first called after the first step: its weights trained unwatched, told "never changed"): its track stays as a let-go
         optimizer's, and a new one, made by the caller, holds every parameter from this step on (a sweep: the added
         ones were never watched, their NaN gradient applied unseen). Nested with the old: one objective. Returns
         the track left, for the new one to take its counts from."""

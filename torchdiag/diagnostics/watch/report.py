@@ -333,8 +333,9 @@ def _wiring(result: Result, engine) -> None:
                 continue
             # never at a read step since it joined, and no non-zero norm at any step (the per-step rows): a sparse
             # MoE's expert routed to between reads got gradients (a review: experts 0 and 5 were named)
-            if not _got_grad(t, i) and t.sampled > t.joined[i] and p.numel():   # (empty: nothing to train)
-                shape = _shape_of(p)   # a row named by index says what it is by its shape
+            # (empty: nothing to train, but a lazy module's never made: a module never called, as any other)
+            if not _got_grad(t, i) and t.sampled > t.joined[i] and (p.numel() or i in t.lazy):
+                shape = "lazy, never made" if i in t.lazy else _shape_of(p)   # a row named by index: its shape
                 never.setdefault("warning" if p.requires_grad else "info", []).append(f"{t.names[i]} ({shape})")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
                 result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {_its_steps(t, engine)}: "

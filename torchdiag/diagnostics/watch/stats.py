@@ -125,6 +125,7 @@ class Track:
         self.idle_off()
         self.params = [Released(p) for p in self.params]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
+        self.lazy = {}
         self.group = {k: v for k, v in self.group.items() if k != "params"}   # the settings it ended with
         self.main_group = {k: v for k, v in self.main_group.items() if k != "params"}
         self._views, self._before_views, self.before = [None] * len(self.params), [], None
@@ -135,8 +136,12 @@ class Track:
         (same_params), which takes the tensors back from a released track."""
         self.rebind(opt)
         self.adopted_at = getattr(self, "stepped", 0)   # its steps when this optimizer took it (optimizer-remade)
-        self.params = [_made(p) for g in opt.param_groups for p in g["params"]]
-        self.ids = {id(p): i for i, p in enumerate(self.params)}
+        given = [p for g in opt.param_groups for p in g["params"]]
+        self.params = [_made(p) for p in given]
+        # a lazy module's parameters not made yet: the optimizer's own objects, by index; made later (a branch first
+        # called after the first step), they turn into real ones in place and the engine makes a new track (_track)
+        self.lazy = {i: p for i, (p, q) in enumerate(zip(given, self.params)) if p is not q}
+        self.ids = {id(p): i for i, p in enumerate(given)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
         self.main = _main_group(opt.param_groups)   # the index of the group whose rate is the run's (lr())
         self.main_group = opt.param_groups[self.main] if opt.param_groups else {}
@@ -242,7 +247,13 @@ class Track:
         return [param_key(p) for p in self.params] == ids
 
     def rename(self, names: dict[int, str]):
-        self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
+        self.names = [names.get(id(self.lazy.get(i, p)), self.names[i]) for i, p in enumerate(self.params)]
+
+    def made_since(self) -> bool:
+        """A lazy parameter it holds as a stand-in has been made since (its module's first call)."""
+        from ...core.lazy import is_uninitialised
+
+        return any(not is_uninitialised(p) for p in self.lazy.values())
 
     def pre_step(self, step: int, sample: bool, before_update: bool = True):
         """Per step: each parameter's gradient norm into the next row of a device buffer (a foreach norm
@@ -885,15 +896,15 @@ def _sample(p):
 
 def _made(p):
     """The parameter, or for a lazy module's never called (no shape, no values: every look raised, and watch stopped:
-    a review) an empty stand-in: nothing to train or judge, as an empty parameter. Materialised later it is not
-    watched (lazy modules are made by a dry forward before the optimizer, as torch's docs ask)."""
+    a review) an empty stand-in: nothing to train or judge, as an empty parameter. Made later, a new track holds it
+    (Track.lazy)."""
     from ...core.lazy import is_uninitialised
 
     if not is_uninitialised(p):
         return p
     import torch
 
-    return torch.zeros(0)
+    return torch.zeros(0, requires_grad=p.requires_grad)   # one never made is never-gets-grad, as a Linear never called
 
 
 class Released:
