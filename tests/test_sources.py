@@ -192,6 +192,51 @@ def test_hf_task_picks_the_head(tmp_path, cli):
     one_error_line(r)
 
 
+def _bert_mlm(folder, layers=2):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=40)
+    saved = transformers.BertForMaskedLM(config)
+    saved.save_pretrained(folder)
+    return saved
+
+
+@pytest.mark.parametrize("task, cls", [("sequence-classification", "BertForSequenceClassification"),
+                                       ("base", "BertModel")])
+def test_another_head_on_a_saved_model_starts_as_from_pretrained_starts_it(tmp_path, cli, task, cls):
+    # a sweep: an MLM folder under --arg task=sequence-classification (the usual fine-tuning start) was refused for
+    # the classifier's keys (exit 2), and under --no-strict-checkpoint was exit 1 with nine key errors
+    folder = tmp_path / "mlm"
+    saved = _bert_mlm(folder)
+    r = cli("nancheck", f"hf:{folder}", "--arg", f"task={task}", "--arg", "num_labels=3", "--json")
+    assert r.code == 0, r.stderr
+    (f,) = [f for f in r.json["findings"] if f["code"] == "checkpoint-new-head"]
+    # the truth, as from_pretrained has it: what it newly initialises and drops, by name
+    ref, info = getattr(transformers, cls).from_pretrained(folder, num_labels=3, output_loading_info=True)
+    assert f["severity"] == "info" and set(f["members"]) == {*info["missing_keys"], *info["unexpected_keys"]}, (f, info)
+    assert info["missing_keys"] and info["unexpected_keys"]   # the premise: both heads' keys differ
+    word = ref.get_input_embeddings().weight
+    assert torch.equal(word, saved.bert.embeddings.word_embeddings.weight)
+    assert not [f for f in r.json["findings"] if f["severity"] == "error"]
+    same = cli("nancheck", f"hf:{folder}", "--arg", "task=masked-lm", "--json")   # the saved head: strict as before
+    assert same.code == 0 and not [f for f in same.json["findings"] if f["code"].startswith("checkpoint")]
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "base"])
+def test_another_head_does_not_excuse_a_key_the_saved_model_has(tmp_path, cli, task):
+    # a review of the first version: every missing key was excused, and a file without a whole encoder layer
+    # passed with exit 0; the keys both heads have stay strict
+    folder = tmp_path / "mlm"
+    _bert_mlm(folder)
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if ".layer.1." not in k}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    r = cli("nancheck", f"hf:{folder}", "--arg", f"task={task}")
+    assert r.code == 2 and "encoder.layer.1.attention.self.query.weight" in r.stderr, r.stderr
+    one_error_line(r)
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda p: p.mkdir(), "has no config.json"),
     (lambda p: None, "no such folder or file"),

@@ -63,6 +63,8 @@ class Report:
     tied: list[tuple[str, str]] = field(default_factory=list)   # (kept, dropped): one tensor in the model, two in the file
     cast: dict[str, int] = field(default_factory=dict)          # "bfloat16 → float32": tensors the copy cast
     converted: bool = False    # read by transformers' loader into its in-memory layout (transformers_layout)
+    new_head: list[str] = field(default_factory=list)   # hf --arg task: keys only the new head has (initialised)
+    old_head: list[str] = field(default_factory=list)   # ... and the file's keys only the saved head had (dropped)
 
     @property
     def fits(self) -> bool:
@@ -79,6 +81,9 @@ class Report:
         if self.converted:
             parts.append("converted by transformers' own loader to the layout the model keeps in memory")
         parts += [f"{n} cast {how}" for how, n in self.cast.items()]
+        if self.new_head or self.old_head:
+            parts.append(f"another head (--arg task): {len(self.new_head)} tensor(s) newly initialised"
+                         + (f", {len(self.old_head)} of the file's dropped" if self.old_head else ""))
         if not self.fits:   # a few names each: every key is a finding of its own (add_findings), and a wrong
             parts.append(self.mismatch_summary(limit=3))   # checkpoint's hundreds flooded the header (a review)
         return ", ".join(parts)
@@ -100,7 +105,14 @@ class Report:
         return "; ".join(parts)
 
     def add_findings(self, result) -> None:
-        """Each key that did not fit, as an error finding (the run went on with --no-strict)."""
+        """Each key that did not fit, as an error finding (the run went on with --no-strict); another head's, once."""
+        if self.new_head or self.old_head:
+            new, old = self.new_head, self.old_head
+            dropped = f" and {len(old)} of the file's own dropped ({_some(old)})" if old else ""
+            result.add("checkpoint-new-head", "info", "", f"--arg task put another head on the model {self.path} "
+                       f"holds: {len(new)} tensor(s) only it has are newly initialised ({_some(new)}){dropped}, as "
+                       "from_pretrained does", hint="the new head's weights are random: a fine-tuning run starts "
+                       "from them", members=new + old if len(new + old) > 1 else None)
         for key in self.missing:
             result.add("checkpoint-missing-key", "error", key, f"{key} is not in {self.path}: it keeps its random initialisation",
                        hint="the checkpoint is for another model or another version of it")
@@ -118,6 +130,10 @@ class Report:
                             "model untied, or check which of the two it should hold")
         if not self.fits and getattr(result, "failed", None) is False:
             result.failed = True
+
+
+def _some(keys: list[str]) -> str:
+    return ", ".join(keys[:4]) + (" …" if len(keys) > 4 else "")
 
 
 def _shape(shape) -> str:
@@ -598,9 +614,11 @@ def _shared_head(keys: list[str]) -> list[str]:
     return commonprefix(parts) if parts else []
 
 
-def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint") -> Report:
+def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint",
+         saved: frozenset[str] | None = None) -> Report:
     """Read `path` and load what fits into `model` (in place: torchdiag built it). `off` is how the
-    caller turns strictness off (the flag, or strict_checkpoint=False)."""
+    caller turns strictness off (the flag, or strict_checkpoint=False). `saved`: the keys of the head the file was
+    saved with, where the model is another (other_head)."""
     state, header_only = read_state(path, device)
     ours = model.state_dict(keep_vars=True)
     state, stripped = strip_prefix(state, set(ours))
@@ -613,6 +631,7 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
         if layout is not None:
             report = Report(path, header_only=header_only, converted=True)
             fitting = _sort(model, layout, ours, report, meta)
+    other_head(report, saved)
     if strict and not report.fits:
         raise UsageError(f"checkpoint {path} does not fit the model: "
                          + (f"with the prefix '{added}' added to its keys, " if added else "")
@@ -630,6 +649,23 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
         report.tied = _tied_apart(ours, fitting)
         report.cast = _casts(ours, fitting)
     return report
+
+
+def other_head(report: Report, saved: frozenset[str] | None) -> None:
+    """hf --arg task on weights saved with another head: a key the model lacks that the saved class has is its old
+    head's (dropped), a key the model has that the saved class lacks is the new head's (initialised), as
+    from_pretrained has them. A key both have and the file lacks stays missing: a partial checkpoint (a review: all
+    missing keys excused let a file without an encoder layer pass)."""
+    if saved is None:
+        return
+    if report.stripped:   # the saved class's keys named as the file's were read (an MLM file under the base model)
+        saved = frozenset(k[len(report.stripped):] if k.startswith(report.stripped) else k for k in saved)
+    if report.added:      # (a base model's file under a head)
+        saved = frozenset(report.added + k for k in saved)
+    report.new_head = [k for k in report.missing if k not in saved]
+    report.old_head = [k for k in report.unexpected if k in saved]
+    report.missing = [k for k in report.missing if k in saved]
+    report.unexpected = [k for k in report.unexpected if k not in saved]
 
 
 def _sort(model, state: dict, ours: dict, report: Report, meta: bool) -> dict:

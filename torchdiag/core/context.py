@@ -338,7 +338,10 @@ def load_checkpoints(spec: RunSpec, loaded, device) -> list:
 
     files = [spec.checkpoint] if spec.checkpoint else list(loaded.weights)
     off = {"cli": "--no-strict-checkpoint", "python": "strict_checkpoint=False"}.get(spec.caller, "strict-checkpoint = false")
-    return [load(loaded.model, f, device, spec.strict_checkpoint, off) for f in files]
+    # --arg task put another head on a saved model (an MLM folder under a classifier, the usual fine-tuning start):
+    # the keys only the new head has, and those only the saved one had, are what from_pretrained starts and drops
+    saved = None if spec.checkpoint else getattr(loaded, "saved_keys", None)
+    return [load(loaded.model, f, device, spec.strict_checkpoint, off, saved) for f in files]
 
 
 def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:

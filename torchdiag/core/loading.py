@@ -36,6 +36,7 @@ class LoadedModel:
     labels_from_ids: bool = False          # hf: causal LM: the default inputs pass labels = the input ids
     input_alternatives: tuple[tuple[str, ...], ...] = ()   # hf: other default inputs, tried when these do not run
     trains: bool = False                   # the default inputs are for a command that trains (sources.for_training)
+    saved_keys: frozenset[str] | None = None   # hf --arg task: the keys of the head its weights were saved with
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -191,7 +192,7 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, do
         model = model.to(device)
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
                        source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),
-                       source.labels_from_ids, source.alternatives)
+                       source.labels_from_ids, source.alternatives, saved_keys=source.saved_keys)
 
 
 def compiled_root(model):

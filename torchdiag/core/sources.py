@@ -63,6 +63,7 @@ class Source:
     header: dict[str, Any] = field(default_factory=dict)
     labels_from_ids: bool = False          # a causal LM: its default inputs pass labels = the input ids
     alternatives: tuple[tuple[str, ...], ...] = ()  # further default inputs to try when `inputs` do not run (hf_inputs)
+    saved_keys: frozenset[str] | None = None       # hf --arg task: the state-dict keys of the head the weights are of
 
 
 def is_source(spec: str) -> bool:
@@ -277,6 +278,8 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
 
     source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
+    if task is not None and source.weights:   # another head on the saved weights: what from_pretrained starts anew
+        source.saved_keys = _saved_keys(config, cls)   # and drops (checkpoint.other_head)
     source.header["unread"] = _unread_weights(folder, source.weights)   # said by core.context (--checkpoint or not)
     if not source.weights:
         where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
@@ -343,6 +346,22 @@ def _known_type(model_type) -> bool:
     from transformers import CONFIG_MAPPING
 
     return isinstance(model_type, str) and model_type in CONFIG_MAPPING
+
+
+def _saved_keys(config, cls) -> frozenset[str] | None:
+    """The state-dict keys of the class the folder's weights are of (the one built without --arg task:
+    architectures[0], else the default head), built on meta; None where that is `cls` or cannot be built."""
+    import torch
+
+    try:
+        saved, _ = _hf_class(config, None)
+        if saved is cls:
+            return None
+        with torch.device("meta"):
+            model = saved.from_config(config) if hasattr(saved, "from_config") else saved._from_config(config)
+        return frozenset(model.state_dict())
+    except Exception:   # noqa: BLE001 - unknown: every key stays strict
+        return None
 
 
 def _hf_class(config, task: str | None):
