@@ -652,3 +652,43 @@ def test_a_layer_without_parameters_keeps_the_map_of_the_convolution_before_it(t
     for layer in ("act", "conv1"):
         res = run("gradcam", model, None, layer=layer, image=str(path))
         assert res.data["cam_shape"] == [16, 64] and not any("channels-last" in n for n in res.notes), (layer, res.data)
+
+
+BUILT_FOR_48 = '''
+import torch
+from torch import nn
+
+
+def build():
+    layers = []
+    for c_in, c_out in [(3, 8), (8, 8), (8, 8), (8, 8)]:   # four stride-2 convolutions: 48 -> 3, 16 -> 1
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def example_inputs():
+    return torch.rand(2, 3, 48, 48)
+'''
+
+
+@pytest.mark.parametrize("own_inputs", [True, False])
+def test_an_image_file_is_resized_to_the_models_own_input_size(cli, tmp_path, own_inputs):
+    # a sweep: a 32x32 file fed at its own size to timm and torchvision models built for 224 gave seven of them a 1x1
+    # map, told "choose a layer before the global pooling" (the layer was before it), and two raised (exit 3)
+    import numpy as np
+    from PIL import Image
+
+    text = BUILT_FOR_48 if own_inputs else BUILT_FOR_48.split("def example_inputs")[0]
+    (tmp_path / "net.py").write_text(textwrap.dedent(text))
+    path = tmp_path / "small.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(path)
+    r = cli("gradcam", f"{tmp_path / 'net.py'}:build", "--layer", "6", "--image", path, "--json")
+    assert r.code == 0, r.stderr
+    if own_inputs:   # 48 / 2**4 = 3 rows of the map, as the model is built for
+        assert r.json["image_size"].startswith("48x48 (the model's input size: example_inputs()"), r.json["image_size"]
+        assert r.json["cam_shape"] == [3, 3] and not r.json["findings"], r.json
+    else:            # no input of its own: the file's size, and its 1x1 map is said
+        assert r.json["image_size"] == "16x16" and r.json["cam_shape"] == [1, 1], r.json
+        assert [f["code"] for f in r.json["findings"]] == ["no-spatial-map"]
+    given = cli("gradcam", f"{tmp_path / 'net.py'}:build", "--layer", "6", "--image", path, "--size", "16", "--json")
+    assert given.code == 0 and given.json["image_size"] == "16x16" and given.json["cam_shape"] == [1, 1], given.stderr

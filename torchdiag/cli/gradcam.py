@@ -23,7 +23,7 @@ TargetClass = Annotated[int | None, typer.Option("--target-class", "-k", metavar
 Out = Annotated[Path | None, typer.Option("--out", "-o", parser=c.nonempty_path, metavar="FILE.png", show_default=False,
                                              help="Write original | heatmap | overlay side by side as one PNG.")]
 Size = Annotated[str | None, typer.Option("--size", metavar="H[xW]", show_default=False,
-                                             help="Resize the image to H×W (one number: square). Default: the file's size.")]
+                                             help="Resize the image to H×W (one number: square). Default: the size of the model's own image input (timm's pretrained_cfg, an hf: config, example_inputs()), else the file's.")]
 Mean = Annotated[str, typer.Option("--mean", metavar="R,G,B", help="Normalisation mean (pixels scaled to [0,1] first); one number = every channel.")]
 Std = Annotated[str, typer.Option("--std", metavar="R,G,B", help="Normalisation std; one number = every channel.")]
 Channels = Annotated[int, typer.Option("--channels", metavar="3|1", help="3: RGB input; 1: grayscale input (e.g. MNIST), one --mean/--std.")]

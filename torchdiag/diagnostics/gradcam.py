@@ -31,7 +31,7 @@ BYTES_PER_PIXEL = 200         # what one pixel of the (resized) image costs here
 class Options:
     layer: str = ""
     image: str = ""
-    size: object = None                      # H, (H, W), "H" or "HxW"; becomes (h, w), None keeps the file's size
+    size: object = None                      # H, (H, W), "H" or "HxW"; becomes (h, w), None: the model's own input's (built_for), else the file's
     mean: object = (0.0,)                    # one number per channel, one for all, or "0.485,0.456,0.406"
     std: object = (1.0,)
     channels: int = 3                        # 3: RGB; 1: grayscale (one mean/std)
@@ -224,7 +224,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
-def other_inputs(model, x, ctx, channels: int):
+def other_inputs(model, x, ctx, channels: int, given=False):
     """None for a model that takes the image alone. For one that takes more (an image and a timestep, an image and its
     metadata, pixel values beside token ids: a sweep's model raised), the model's own inputs (example_inputs(),
     example_input_array, an hf: spec's defaults) with the image in place of their one image tensor (N×C×H×W or
@@ -234,7 +234,7 @@ def other_inputs(model, x, ctx, channels: int):
     or no such inputs: one clear line (a review: a mask first took the image's place, the map was wrong, exit 0)."""
     from ..core.precision import cast_inputs
 
-    given = _own_inputs(model, ctx)
+    given = _own_inputs(model, ctx) if given is False else given
     needed = _required(model)
     many = given is not None and len(given.args) + len(given.kwargs) > 1
     if not many and len(needed) <= 1:
@@ -286,6 +286,20 @@ def _own_inputs(model, ctx):
         return None
 
 
+def built_for(given, channels: int) -> tuple[int, int] | None:
+    """(H, W) of the one image among the model's own inputs (`given`: a timm spec's pretrained_cfg input_size, an
+    hf: config's image_size, example_inputs()): the size it is built for, which an image file of another size is
+    resized to when --size is not given (a sweep: a 32x32 file fed as is gave seven timm and torchvision models a 1x1
+    map told "after the global pooling", and two raised, exit 3)."""
+    if given is None:
+        return None
+    images = [t for t in [*given.args, *given.kwargs.values()] if _image_like(t, channels)]
+    if len(images) != 1:
+        return None
+    shape = tuple(images[0].shape)
+    return (shape[2], shape[3]) if shape[1] == channels else (shape[1], shape[2])
+
+
 def _image_like(t, channels: int) -> bool:
     import torch
 
@@ -324,17 +338,21 @@ def run(model, inputs, opts: Options, ctx) -> Result:
 
     module_named(model, opts.layer)
     c, mean, std = opts.channels, opts.mean, opts.std
-    pixels = load_rgb(opts.image, opts.size, c)
+    own = _own_inputs(model, ctx)
+    size = opts.size or built_for(own, c)
+    pixels = load_rgb(opts.image, size, c)
     x = image_tensor(pixels, mean, std, ctx.device)
     if ctx.spec.dtype:   # --dtype: the model was cast; the image goes in as its float inputs would
         x = x.to(getattr(torch, ctx.spec.dtype))
     rgb = pixels if c == 3 else pixels.repeat(3, axis=2)       # pictures are always RGB
     result = Result("gradcam", header={"layer": opts.layer, "image": opts.image,
-                                       "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}",
+                                       "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}" + (
+                                           f" (the model's input size: {own.source}; --size sets another)"
+                                           if opts.size is None and size is not None else ""),
                                        "channels": "RGB" if c == 3 else "grayscale",
                                        "normalisation": f"(x/255 - {list(mean)}) / {list(std)}",
                                        "mode": "eval; gradient of the class logit w.r.t. the layer output"})
-    given = other_inputs(model, x, ctx, c)
+    given = other_inputs(model, x, ctx, c, own)
     if given is not None:
         result.header.update(inputs=given.describe(), input_source=given.source)
     with leave_no_trace(model):
