@@ -8154,3 +8154,31 @@ def test_a_lazy_branch_made_after_the_first_steps_is_watched_by_name(poison):
     if poison:
         bad = finding(r, "non-finite-gradient")
         assert bad.where == "aux.weight" and "step 26" in bad.message, bad.to_dict()
+
+
+@pytest.mark.parametrize("labels", ["shuffled", "matched"])
+def test_a_plateau_at_chance_says_the_labels_may_not_match_the_inputs(labels):
+    """A sweep: labels shuffled apart from their inputs (two DataLoaders, each shuffled) held a 4-class loss at 1.395
+    (ln 4 = 1.386) and were told "converged, or the learning rate is too small"."""
+    torch.manual_seed(0)
+    centres, y = torch.randn(4, 20) * 2, torch.arange(512) % 4
+    x = centres[y] + torch.randn(512, 20)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    with Watch(model, opt, every=20) as w:
+        for _ in range(10):
+            order = torch.randperm(512, generator=g)
+            apart = torch.randperm(512, generator=g) if labels == "shuffled" else order
+            for i in range(0, 512, 32):
+                loss = F.cross_entropy(model(x[order[i:i + 32]]), y[apart[i:i + 32]])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    r = w.result()
+    if labels == "matched":   # the same data, labels kept with their inputs: it learns, and no plateau is said
+        assert loss.item() < 0.1 and "loss-plateau" not in codes(r, ("error", "warning", "info")), r.findings
+        return
+    assert loss.item() > 0.9 * math.log(4)   # the premise: at chance
+    f = finding(r, "loss-plateau")
+    assert f.severity == "info" and f.hint.startswith("it sits at chance: ln 4 = 1.386") and "shuffled" in f.hint, f.hint

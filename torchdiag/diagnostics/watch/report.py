@@ -902,7 +902,7 @@ def _curves(result: Result, engine) -> None:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
-                        engine.small_batches, engine.batch_size)
+                        engine.small_batches, engine.batch_size, _classes(engine) if len(parts) == 1 else 0)
             _lr_collapse(result, part, lr_at, of,
                          lambda first, last: engine.schedulers.each_step(first, last, engine.clock_at(last)))
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
@@ -1227,9 +1227,9 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
                 unscaled: str = "", growth: float | None = None, raw_growth: float | None = None,
-                small: dict | None = None, batch: int | None = None) -> None:
+                small: dict | None = None, batch: int | None = None, classes: int = 0) -> None:
     """`growth`: the weights' norm over the run beyond a standard init's scale (_weight_growth floored); `raw_growth`:
-    over their first norm."""
+    over their first norm; `classes`: the class count of a loss that is a cross-entropy (_classes), else 0."""
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -1296,7 +1296,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
             result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "
                        f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
-                       unscaled + "if it should learn: a learning rate too high (weights that grew many times "
+                       unscaled + _at_chance(classes, med[-1]) + "if it should learn: a learning rate too high (weights that grew many times "
                        "over, ‖w‖) or too small (update/weight), labels that do not match the inputs, or a loss that no "
                        "parameter reaches; or it was at its floor already (a fine-tune from a converged checkpoint)")
         else:
@@ -1306,7 +1306,30 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"median {statistics.median(values[:h]):.4g} over the first half, "
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0]))
+                       f"({seen}){of}", unscaled + (_at_chance(classes, med[-1]).rstrip("; ") or
+                                                    _plateau_hint(raw_growth, med[-1], values[0])))
+
+
+CHANCE_SHARE = 0.9   # a cross-entropy at this share of ln C or above: within reach of knowing nothing of the inputs
+
+
+def _classes(engine) -> int:
+    """The class count of the run's loss where it is a cross-entropy itself (graph.loss_faults), else 0."""
+    got = engine.checks.get("loss_classes")
+    return got[1] if got else 0
+
+
+def _at_chance(classes: int, level: float) -> str:
+    """Where the run's loss is a cross-entropy over C classes (read from its graph) that sits at CHANCE_SHARE x ln C
+    or above: what a classifier scores that knows only how often each class occurs (ln C for balanced classes). A
+    sweep: labels shuffled apart from their inputs sat at 1.395 (ln 4 = 1.386) and were told "converged, or the
+    learning rate is too small"."""
+    if classes < 2 or level < CHANCE_SHARE * math.log(classes):
+        return ""
+    return (f"it sits at chance: ln {classes} = {math.log(classes):.4g} is the cross-entropy of a classifier that "
+            f"knows nothing of its inputs ({classes} classes; less where some are rarer, as it learns how often each "
+            "occurs): labels that do not match their inputs (shuffled apart from them), inputs that carry no signal, "
+            "or a learning rate too small to learn; ")
 
 
 def _plateau_hint(growth: float | None, end: float, first: float) -> str:
