@@ -723,3 +723,32 @@ def test_the_python_api_refuses_an_optimizer_in_inference_mode():
 
     with pytest.raises(OptionError, match="takes no optimizer steps"):
         run("memory", torch.nn.Linear(4, 2), (torch.randn(2, 4),), mode="inference", optimizer="sgd")
+
+
+def test_a_module_that_returns_its_input_leaves_backward_when_its_gradient_passes():
+    """A sweep: memory named pvt_v2_b0's drop_path2 (an Identity at rate 0) as where the backward peak was: its output
+    is its input, whose one gradient ran the exit hook before the enter hook, so it stayed "in backward" to the end."""
+    from torch import nn
+
+    from torchdiag.core.live_tensors import LiveTensors
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop_path = nn.Linear(16, 16), nn.Identity()
+
+        def forward(self, x):
+            return x + self.drop_path(self.fc(x))
+
+    model = nn.Sequential(nn.Linear(8, 16), Block(), Block(), nn.Linear(16, 4))
+    tracker, seen = LiveTensors(), []
+    tracker.watch_modules(model)
+    model[0].weight.register_hook(lambda g: seen.append(dict(tracker.bw_active)))
+    with tracker:
+        tracker.set_phase("forward")
+        out = model(torch.randn(4, 8)).sum()
+        tracker.set_phase("backward")
+        out.backward()
+    tracker.remove_hooks()
+    # at the first layer's gradient the blocks' backward is over: only the root and that layer are in it
+    assert seen == [{"(root)": 1, "0": 1}], seen

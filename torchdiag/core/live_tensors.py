@@ -185,7 +185,12 @@ class LiveTensors(TorchDispatchMode):
                     before = self._fw_before.pop()
                     self.modules[name].fw_delta += self.current - before
                 if torch.is_grad_enabled():
-                    ts = [a for a in tree_leaves(output) if isinstance(a, torch.Tensor) and a.requires_grad]
+                    # an output that is one of its inputs (an Identity, drop_path at rate 0) gets its gradient once,
+                    # and the exit hook on it ran first: entered then, the module stayed "in backward" to the end
+                    # and was named where the backward peak was (a sweep: pvt_v2_b0's drop_path2)
+                    given = {id(a) for a in tree_leaves(args) if isinstance(a, torch.Tensor)}
+                    ts = [a for a in tree_leaves(output) if isinstance(a, torch.Tensor) and a.requires_grad
+                          and id(a) not in given]
                     if ts:
                         self._handles.append(register_multi_grad_hook(ts, lambda _g, n=name: self._bw_enter(n)))
 
