@@ -8182,3 +8182,37 @@ def test_a_plateau_at_chance_says_the_labels_may_not_match_the_inputs(labels):
     assert loss.item() > 0.9 * math.log(4)   # the premise: at chance
     f = finding(r, "loss-plateau")
     assert f.severity == "info" and f.hint.startswith("it sits at chance: ln 4 = 1.386") and "shuffled" in f.hint, f.hint
+
+
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)`")
+@pytest.mark.parametrize("case", ["leftover", "own", "sequential", "another_watched_apart"])
+def test_a_scheduler_stepped_on_an_optimizer_that_never_steps_is_said(case):
+    """A sweep: a StepLR built on a leftover optimizer (an LR-range probe's), so the one that trains kept its rate and
+    diverged: told only "lower the learning rate". A scheduler of an optimizer that steps, watched or not, is not."""
+    torch.manual_seed(0)
+    model, other = _mlp(), _mlp()
+    probe = torch.optim.SGD(model.parameters(), lr=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.05)
+    if case == "sequential":
+        warm = torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=5)
+        sched = torch.optim.lr_scheduler.SequentialLR(
+            opt, [warm, torch.optim.lr_scheduler.StepLR(opt, 10)], milestones=[5])
+    else:
+        sched = torch.optim.lr_scheduler.StepLR({"leftover": probe, "own": opt}.get(case, other_opt), 10)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    with Watch(model, opt, every=10) as w:   # the model and its optimizer given: another optimizer is not watched
+        for _ in range(30):
+            for m, o in [(model, opt)] + ([(other, other_opt)] if case == "another_watched_apart" else []):
+                loss = F.cross_entropy(m(x), y)
+                o.zero_grad()
+                loss.backward()
+                o.step()
+            sched.step()
+    r = w.result()
+    if case != "leftover":
+        assert "scheduler-idle-optimizer" not in codes(r), r.findings
+        return
+    f = finding(r, "scheduler-idle-optimizer")
+    assert f.severity == "warning" and f.message.startswith("StepLR was stepped 30 times (from step 1)"), f.message
+    assert opt.param_groups[0]["lr"] == 0.05 and probe.param_groups[0]["lr"] < 1e-4   # the premise

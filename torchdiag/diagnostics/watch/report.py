@@ -367,6 +367,7 @@ def _wiring(result: Result, engine) -> None:
                        "frozen on purpose, as a backbone given lr 0; if not, the schedule or the group's lr")
     _idle(result, engine, owners)
     _remade(result, engine)
+    _unstepped_schedulers(result, engine)
     _clock_note(result, engine)
     _handover_notes(result, engine)
     _unwatched_note(result, engine)
@@ -539,6 +540,17 @@ def _starved_why(engine, t) -> tuple[str, str]:
                 ".numpy(), torch.no_grad() or a new tensor made from its values")
     return ("", "build the optimizer from the model you train, after it is final: after .to() when it makes new "
                 "parameters, and not over a model made again since")
+
+
+def _unstepped_schedulers(result: Result, engine) -> None:
+    """A scheduler stepped on an optimizer that never stepped (schedulers.unstepped)."""
+    trains = [t.opt for t in engine.tracks.values() if not t.retired and t.opt is not None]
+    for kind, opt, calls, first in engine.schedulers.unstepped():
+        theirs = f": the optimizer that trains ({type(trains[0]).__name__}) keeps its own rate" if trains else ""
+        result.add("scheduler-idle-optimizer", "warning", "", f"{kind} was stepped {calls} times (from step {first}) on "
+                   f"an optimizer ({opt}) that never stepped: the learning rate it schedules trains nothing{theirs}",
+                   "build the scheduler on the optimizer the loop steps: Scheduler(optimizer, ...) after that "
+                   "optimizer is made (a leftover or re-made optimizer keeps the old one's scheduler)")
 
 
 def _remade(result: Result, engine) -> None:

@@ -14,6 +14,7 @@ import weakref
 
 from .clip import ORIGINAL, OWNER, live  # the same marks on a wrapper as clip's
 
+MAX_IDLE = 16                       # optimizers of no track whose schedulers are counted (unstepped)
 MAX_RUNS = 10_000                   # runs of consecutive steps kept (a scheduler stepped per epoch: one run an epoch)
 EACH_STEP = 0.9                     # a scheduler called at this share of the steps or more counts batches
 
@@ -25,6 +26,8 @@ class SchedulerCalls:
         self._wrapper = None
         # id(track) -> [first, last] runs of clock steps each followed by a call of a scheduler of its optimizer
         self.runs: dict[int, list[list[int]]] = {}
+        # id(optimizer) of no track -> [it (weakly), the scheduler's type, its calls, the first call's clock step]
+        self.idle: dict[int, list] = {}
 
     def attach(self) -> None:
         from torch.optim.lr_scheduler import LRScheduler
@@ -49,14 +52,38 @@ class SchedulerCalls:
         engine = self._engine()
         if engine is None or engine.closed or engine.step == 0:
             return
-        track = engine.tracks.get(id(getattr(scheduler, "optimizer", None)))
+        opt = getattr(scheduler, "optimizer", None)
+        track = engine.tracks.get(id(opt))
         if track is None:
+            self._idle(scheduler, opt, engine.step)
             return
         s, runs = engine.step, self.runs.setdefault(id(track), [])
         if runs and runs[-1][1] >= s - 1:
             runs[-1][1] = s
         elif len(runs) < MAX_RUNS:
             runs.append([s, s])
+
+    def _idle(self, scheduler, opt, step: int) -> None:
+        got = self.idle.get(id(opt))
+        if got is not None and got[0]() is opt:
+            got[2] += 1
+        elif opt is not None and len(self.idle) < MAX_IDLE:
+            with contextlib.suppress(TypeError):
+                self.idle[id(opt)] = [weakref.ref(opt), type(scheduler).__name__, 1, step]
+
+    def unstepped(self) -> list[tuple[str, str, int, int]]:
+        """(scheduler type, optimizer type, calls, first step) of schedulers stepped at least twice during the run on
+        an optimizer still alive that never stepped at all (torch's own mark, `_opt_called`, which its wrapper of
+        optimizer.step sets): the rate they set trains nothing (a sweep: a scheduler built on a leftover optimizer,
+        the one that trains kept its rate and diverged, told only to lower it)."""
+        out = []
+        for ref, kind, calls, first in self.idle.values():
+            opt = ref()
+            # the mark is set only through torch's wrapper: a step replaced after the scheduler was made says nothing
+            wrapped = hasattr(getattr(opt, "step", None), "_wrapped_by_lr_sched")
+            if opt is not None and calls >= 2 and wrapped and not getattr(opt, "_opt_called", False):
+                out.append((kind, type(opt).__name__, calls, first))
+        return out
 
     def each_step(self, first: int, last: int, track: int | None) -> bool:
         """Was a scheduler of the optimizer of `track` (an id) stepped after (nearly) every clock step from `first` to
