@@ -626,12 +626,14 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     report = Report(path, stripped=stripped, added=added, header_only=header_only)
     meta = device is not None and device.type == "meta"
     fitting = _sort(model, state, ours, report, meta)
+    other_head(report, saved, model, set(ours))
     if not report.fits and not header_only:
-        layout = transformers_layout(model, path)
+        layout = transformers_layout(model, path, _as_model_names(saved, model, set(ours)) if saved else None)
         if layout is not None:
             report = Report(path, header_only=header_only, converted=True)
-            fitting = _sort(model, layout, ours, report, meta)
-    other_head(report, saved)
+            fitting = _sort(model, layout[0], ours, report, meta)
+            report.unexpected += layout[1]   # the saved head's, which transformers' loader left out
+            other_head(report, saved, model, set(ours))
     if strict and not report.fits:
         raise UsageError(f"checkpoint {path} does not fit the model: "
                          + (f"with the prefix '{added}' added to its keys, " if added else "")
@@ -651,21 +653,31 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     return report
 
 
-def other_head(report: Report, saved: frozenset[str] | None) -> None:
+def other_head(report: Report, saved: frozenset[str] | None, model, ours: set[str]) -> None:
     """hf --arg task on weights saved with another head: a key the model lacks that the saved class has is its old
     head's (dropped), a key the model has that the saved class lacks is the new head's (initialised), as
     from_pretrained has them. A key both have and the file lacks stays missing: a partial checkpoint (a review: all
     missing keys excused let a file without an encoder layer pass)."""
     if saved is None:
         return
-    if report.stripped:   # the saved class's keys named as the file's were read (an MLM file under the base model)
-        saved = frozenset(k[len(report.stripped):] if k.startswith(report.stripped) else k for k in saved)
-    if report.added:      # (a base model's file under a head)
-        saved = frozenset(report.added + k for k in saved)
+    saved = _as_model_names(saved, model, ours, (report.stripped, report.added))
     report.new_head = [k for k in report.missing if k not in saved]
     report.old_head = [k for k in report.unexpected if k in saved]
     report.missing = [k for k in report.missing if k in saved]
     report.unexpected = [k for k in report.unexpected if k not in saved]
+
+
+def _as_model_names(saved: frozenset[str], model, ours: set[str], prefixes=()) -> frozenset[str]:
+    """The saved class's keys named as the model names its own: as they are, or with the base model's prefix (`bert.`),
+    or one the file's keys were stripped of or given, taken off or put on: whichever names most of the model's keys
+    (an MLM's `bert.encoder…` is the base model's `encoder…`: a missing layer there is missing, not a new head's)."""
+    base = getattr(model, "base_model_prefix", "")
+    options = [saved]
+    for p in dict.fromkeys([*prefixes, base + "." if base else ""]):
+        if p:
+            options.append(frozenset(k[len(p):] if k.startswith(p) else k for k in saved))
+            options.append(frozenset(p + k for k in saved))
+    return max(options, key=lambda s: len(s & ours))
 
 
 def _sort(model, state: dict, ours: dict, report: Report, meta: bool) -> dict:
@@ -686,12 +698,15 @@ def _sort(model, state: dict, ours: dict, report: Report, meta: bool) -> dict:
     return fitting
 
 
-def transformers_layout(model, path: str) -> dict | None:
-    """The file's weights in the layout a transformers model keeps in memory, read by transformers' own loader, or
-    None. transformers >= 5 fuses some on loading (a MoE's experts into one tensor, saved one per expert: every
-    Mixtral folder save_pretrained writes failed with 13 unexpected keys, a sweep). Safetensors only (no code runs),
-    and only when that loader found every key of the model and used every key of the folder; only for the folder's own
-    weights (model.safetensors, or its index for shards), the files from_pretrained reads."""
+def transformers_layout(model, path: str, saved: frozenset[str] | None = None) -> tuple[dict, list[str]] | None:
+    """The file's weights in the layout a transformers model keeps in memory, read by transformers' own loader, and the
+    file's keys it left out; or None. transformers >= 5 fuses some on loading (a MoE's experts into one tensor, saved
+    one per expert: every Mixtral folder save_pretrained writes failed with 13 unexpected keys, a sweep; ViT's
+    attention, a review). Safetensors only (no code runs), and only when that loader found every key of the model and
+    used every key of the folder, but for another head's (`saved`: the saved class's keys, named as the model's): the
+    keys only the new head has are left out (ours stay, other_head says them) and those only the old one had are
+    returned; only for the folder's own weights (model.safetensors, or its index for shards), the files
+    from_pretrained reads."""
     import sys
 
     # only the file from_pretrained itself reads from that folder (a review: another file in it, a step's or a wrong
@@ -720,9 +735,15 @@ def transformers_layout(model, path: str) -> dict | None:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+    missing, unexpected = list(info.get("missing_keys") or []), list(info.get("unexpected_keys") or [])
+    if info.get("mismatched_keys") or info.get("error_msgs") or (missing or unexpected) and saved is None:
         return None
-    return twin.state_dict()
+    if saved is not None and (any(k in saved for k in missing) or any(k not in saved for k in unexpected)):
+        return None   # a key both heads have that the file lacks, or one neither has: not another head's
+    state = twin.state_dict()
+    for key in missing:
+        state.pop(key, None)
+    return state, unexpected
 
 
 def _tied_apart(ours: dict[str, Any], fitting: dict[str, Any]) -> list[tuple[str, str]]:

@@ -888,8 +888,7 @@ class Engine:
         if self._dead or self._dead_roots:
             self._file_dead()
         t = self.tracks.get(id(opt))
-        left = (self._regroup(opt, t) if t is not None and (len(opt.param_groups) != t.groups
-                                                            or t.lazy and t.made_since()) else None)
+        left = self._regroup(opt, t) if t is not None and (len(opt.param_groups) != t.groups or t.lazy_made) else None
         if left is not None:
             t = None
         if t is None:
@@ -931,7 +930,8 @@ class Engine:
 
     def _regroup(self, opt, old: Track) -> Track:
         """`opt` took a param group more (a backbone unfrozen with add_param_group), or a lazy module it holds was
-        made (first called after the first step: its weights trained unwatched, told "never changed"): its track stays as a let-go
+        made (first called after the first step: its weights trained unwatched, told "never changed"; seen at the next
+        read): its track stays as a let-go
         optimizer's, and a new one, made by the caller, holds every parameter from this step on (a sweep: the added
         ones were never watched, their NaN gradient applied unseen). Nested with the old: one objective. Returns
         the track left, for the new one to take its counts from."""
@@ -1609,6 +1609,8 @@ class Engine:
                 t.idle_read(self._last_read, lambda t=t: set().union(*(o.ids.keys() for o in live
                                                                       if o is not t and o.last_step > t.last_step)))
         self._last_read = self.step
+        for t in live:   # looked at here, not each step: one unused lazy module cost 9 calls a step (a review)
+            t.lazy_made = bool(t.lazy) and t.made_since()
         self._observe_frozen()
         if self._bn_odd:
             self._bn_kept()

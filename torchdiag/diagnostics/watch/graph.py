@@ -14,7 +14,8 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 def loss_faults(fn) -> list[tuple]:
     """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
     ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss) | ("classes", C)] found near `fn`:
-    - the loss is a cross-entropy itself (nll_loss at the root): its class count, for a plateau's chance level;
+    - the loss is a cross-entropy itself, its mean (nll_loss at the root): its class count, for a plateau's chance
+      level;
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
     - nll_loss given a log_softmax over a dimension of another size than its classes' (log_softmax(logits, dim=0)
       on (N, C): each sample's log-probabilities normalised over the batch; a sweep's run fell to 3.23, above
@@ -34,7 +35,9 @@ def loss_faults(fn) -> list[tuple]:
         kind = type(node).__name__
         first = node.next_functions[0][0] if node.next_functions else None
         source = _through_shapes(first)
-        if node is fn and kind.startswith("NllLoss") and _class_size(node) > 1:
+        # a mean over the samples (reduction 1): a sum's level grows with the batch (a review: 222 read as chance)
+        if node is fn and kind.startswith("NllLoss") and getattr(node, "_saved_reduction", 0) == 1 \
+                and _class_size(node) > 1:
             found.append(("classes", _class_size(node)))
         if kind == "LogSoftmaxBackward0" and _softmax(source):
             found.append(("probs", "cross_entropy", _classes(source), True, _smoothing(node, parents, _classes(source))))

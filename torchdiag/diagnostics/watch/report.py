@@ -914,7 +914,7 @@ def _curves(result: Result, engine) -> None:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
-                        engine.small_batches, engine.batch_size, _classes(engine) if len(parts) == 1 else 0)
+                        engine.small_batches, engine.batch_size, _classes(engine, parts))
             _lr_collapse(result, part, lr_at, of,
                          lambda first, last: engine.schedulers.each_step(first, last, engine.clock_at(last)))
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
@@ -1318,25 +1318,26 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"median {statistics.median(values[:h]):.4g} over the first half, "
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                       f"({seen}){of}", unscaled + (_at_chance(classes, med[-1]).rstrip("; ") or
-                                                    _plateau_hint(raw_growth, med[-1], values[0])))
+                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0], classes))
 
 
-CHANCE_SHARE = 0.9   # a cross-entropy at this share of ln C or above: within reach of knowing nothing of the inputs
+CHANCE = (0.9, 1.1)   # a cross-entropy between these shares of ln C: about what knowing nothing of the inputs scores
 
 
-def _classes(engine) -> int:
-    """The class count of the run's loss where it is a cross-entropy itself (graph.loss_faults), else 0."""
+def _classes(engine, parts: list) -> int:
+    """The class count of the run's loss where it is a cross-entropy itself (graph.loss_faults) and the run has one
+    objective and one optimizer (a GAN's discriminator at ln 2 is where it should be: a review), else 0."""
     got = engine.checks.get("loss_classes")
-    return got[1] if got else 0
+    one = len(parts) == 1 and sum(not t.retired for t in engine.tracks.values()) == 1
+    return got[1] if got and one else 0
 
 
 def _at_chance(classes: int, level: float) -> str:
-    """Where the run's loss is a cross-entropy over C classes (read from its graph) that sits at CHANCE_SHARE x ln C
-    or above: what a classifier scores that knows only how often each class occurs (ln C for balanced classes). A
-    sweep: labels shuffled apart from their inputs sat at 1.395 (ln 4 = 1.386) and were told "converged, or the
-    learning rate is too small"."""
-    if classes < 2 or level < CHANCE_SHARE * math.log(classes):
+    """Where the run's loss is a mean cross-entropy over C classes (read from its graph) that sits within CHANCE of
+    ln C: what a classifier scores that knows only how often each class occurs (ln C for balanced classes). A sweep:
+    labels shuffled apart from their inputs sat at 1.395 (ln 4 = 1.386) and were told "converged, or the learning
+    rate is too small"."""
+    if classes < 2 or not CHANCE[0] * math.log(classes) <= level <= CHANCE[1] * math.log(classes):
         return ""
     return (f"it sits at chance: ln {classes} = {math.log(classes):.4g} is the cross-entropy of a classifier that "
             f"knows nothing of its inputs ({classes} classes; less where some are rarer, as it learns how often each "
@@ -1344,7 +1345,7 @@ def _at_chance(classes: int, level: float) -> str:
             "or a learning rate too small to learn; ")
 
 
-def _plateau_hint(growth: float | None, end: float, first: float) -> str:
+def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0) -> str:
     """A flat loss with weights grown BLOWN_GROWTH-fold that ended above half its first step's loss (the weights as
     they came: it learned little) is not a rate too small: HF Trainer's AdamW at 100x the rate (a BERT's loss 0.69 ->
     5.4 -> ~0.9, the weights 10.8x, the rate decayed to ~0 by the end) was told "converged, or the learning rate is
@@ -1353,7 +1354,7 @@ def _plateau_hint(growth: float | None, end: float, first: float) -> str:
     if growth is not None and growth >= BLOWN_GROWTH and first > 0 and end > 0.5 * first:
         return (f"the weights' norm grew {growth:.3g}× over the run: updates that outgrew the weights (a learning rate "
                 "too high) keep a loss from settling; lower the learning rate (10× for a start)")
-    return "converged, or the learning rate is too small"
+    return _at_chance(classes, end).rstrip("; ") or "converged, or the learning rate is too small"
 
 
 def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
@@ -1367,7 +1368,7 @@ def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     a batch with certainty) has no place on the log scale and is left out of the spread: counted at a floor, the 48
     zeros among 300 losses of an MLP that Adam at lr 3 blew up (1.13 → a running median of 180, the weights 350x)
     widened it past the climb on one CPU and not on another."""
-    if values[0] <= 0 or min(values) < 0:
+    if values[0] <= 0 or min(values) < 0 or med[-1] <= 0:   # ended at 0: no log (a review: math domain error)
         return False
     low = min(med[w - 1:])
     if low < 2 * values[0] and max(med[w - 1:]) < BLOWN_PEAK * values[0]:

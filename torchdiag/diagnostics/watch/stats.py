@@ -125,7 +125,7 @@ class Track:
         self.idle_off()
         self.params = [Released(p) for p in self.params]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
-        self.lazy = {}
+        self.lazy, self.lazy_made = {}, False
         self.group = {k: v for k, v in self.group.items() if k != "params"}   # the settings it ended with
         self.main_group = {k: v for k, v in self.main_group.items() if k != "params"}
         self._views, self._before_views, self.before = [None] * len(self.params), [], None
@@ -141,6 +141,7 @@ class Track:
         # a lazy module's parameters not made yet: the optimizer's own objects, by index; made later (a branch first
         # called after the first step), they turn into real ones in place and the engine makes a new track (_track)
         self.lazy = {i: p for i, (p, q) in enumerate(zip(given, self.params)) if p is not q}
+        self.lazy_made = False   # one of them made since (set at reads: engine._read_step_checks)
         self.ids = {id(p): i for i, p in enumerate(given)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
         self.main = _main_group(opt.param_groups)   # the index of the group whose rate is the run's (lr())
