@@ -1660,3 +1660,22 @@ def test_a_batchnorm_of_momentum_none_runs_on_meta_in_both_modes():
     r = run_diag(_bn_net(None), torch.randn(4, 3, 16, 16))
     (row,) = [row for row in r.table("checks").rows if row["id"] == "device"]
     assert row["status"] == "ok" and "raised" not in row["verdict"], row
+
+
+@pytest.mark.parametrize("p", [0.9, 0.5])
+def test_a_dropout_that_drops_most_of_its_input_is_said(p):
+    # TensorFlow 1's keep_prob = 0.9 ported as torch's p: 90% dropped, the rest scaled 10x (a sweep: eval accuracy 0.36
+    # against 0.59 at 0.1, and watch passed it)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(p), nn.Linear(64, 4))
+    model.train()
+    with torch.no_grad():   # the premise, in plain torch: the share of a layer's values it zeroes
+        zeroed = float((model[2](torch.ones(10000)) == 0).float().mean())
+    assert abs(zeroed - p) < 0.02
+    r = run_diag(model, torch.randn(4, 8))
+    found = [f for f in r.findings if f.code == "dropout-rate"]
+    if p == 0.5:
+        assert not found
+        return
+    (f,) = found
+    assert f.severity == "warning" and f.where == "2" and "zeroes 90% of the values and scales the rest by 10" in f.message

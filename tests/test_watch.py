@@ -8271,3 +8271,24 @@ def test_a_scheduler_stepped_on_an_optimizer_that_never_steps_is_said(case):
     f = finding(r, "scheduler-idle-optimizer")
     assert f.severity == "warning" and f.message.startswith("StepLR was stepped 30 times (from step 1)"), f.message
     assert opt.param_groups[0]["lr"] == 0.05 and probe.param_groups[0]["lr"] < 1e-4   # the premise
+
+
+@pytest.mark.parametrize("p", [0.9, 0.3])
+def test_watch_says_a_dropout_that_drops_most_of_its_input(p):
+    """A sweep: Dropout(0.9) by mistake (TensorFlow 1's keep_prob), eval accuracy 0.36 against 0.59 at 0.1: passed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(p), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    with Watch(every=10) as w:
+        for _ in range(30):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    if p == 0.3:
+        assert "dropout-rate" not in codes(r), r.findings
+        return
+    f = finding(r, "dropout-rate")
+    assert f.severity == "warning" and f.where == "2" and "its 0.9 is torch's 0.1" in f.message, f.to_dict()

@@ -42,7 +42,7 @@ from .dtypes import check_dtypes, check_promotion
 from .edits import check_edits
 from .frozen import check_frozen, frozen_groups
 from .input_stats import input_stats, raw_pixels
-from .modes import mode_modules
+from .modes import dropout_rate, mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .probe import Probe
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
@@ -159,6 +159,7 @@ def _after_training(work, inputs, train_loss, ck: Checklist, result: Result, era
         result.header["loss"] = train_loss.describe()
     bn_batch1_probe(work, inputs, ck, erased)
     bn_momentum(work, ck)
+    dropout_rate(work, ck)
 
 
 def _eval_forward(work, inputs, ctx, ck: Checklist, result: Result):

@@ -102,3 +102,16 @@ def _kinds(mods) -> str:
     for _, t in mods:
         counts[t] = counts.get(t, 0) + 1
     return " + ".join(f"{k} {t}" for t, k in counts.items())
+
+
+def dropout_rate(work, ck: Checklist) -> None:
+    """dropout-rate on the model in train mode: dropout modules that keep a fifth of their input or less."""
+    from ...core.dropout_rate import CODE, dropping_most, said
+
+    work.train()
+    found = dropping_most(work)
+    if found:
+        message, hint = said(found)
+        ck.find("modes", CODE, "warning", name(found[0][0]) if len(found) == 1 else "model", message, hint,
+                verdict=f"dropout drops {max(p for _, p in found):.0%} in train mode",
+                members=[n for n, _ in found] if len(found) > 1 else None)

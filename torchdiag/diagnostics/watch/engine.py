@@ -24,6 +24,7 @@ import math
 import weakref
 
 from ...core.device import wide_float
+from ...core.dropout_rate import dropping_most
 from ...errors import one_line
 from .children import Children
 from .clip import ClipNorms, combined
@@ -133,7 +134,7 @@ class Engine:
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
                        "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
-                       "dead": {}, "dead_feeds": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
+                       "dead": {}, "dead_feeds": {}, "dropout_high": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
@@ -1615,10 +1616,12 @@ class Engine:
         if self._bn_odd:
             self._bn_kept()
         sensitive = mode_sensitive()
-        for _rid, root in self.roots.items():
+        for rid, root in self.roots.items():
             if not inner(root).training:
                 continue
             prefix = self.root_prefix(root)   # the rows' names: `Type#i.` where there are several models
+            if rid not in self.checks["dropout_high"]:   # once a model, in train mode (core/dropout_rate.py)
+                self.checks["dropout_high"][rid] = dropping_most(inner(root), prefix)
             in_eval = set()
             for name, m in inner(root).named_modules():
                 if not m.training:

@@ -92,6 +92,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _eval_unreached(result, engine)
     _val_in_train(result, engine)
     _bn_momentum(result, engine)
+    _dropout_rate(result, engine)
     _frozen_in_train(result, engine)
     _probabilities(result, engine)
     _curves(result, engine)
@@ -792,6 +793,18 @@ def _val_in_train(result: Result, engine) -> None:
                    + "; ".join(acting) + ": what those passes measured is not what the model computes in eval mode",
                    "call model.eval() before validating and model.train() after (Monte-Carlo dropout on purpose: "
                    "ignore this)", members=(drop + bns) if len(drop + bns) > 1 else None)
+
+
+def _dropout_rate(result: Result, engine) -> None:
+    """Dropout modules of a trained model that drop most of their input (core/dropout_rate.py, as doctor asks it;
+    looked at once a model, at a read in train mode)."""
+    from ...core.dropout_rate import CODE, said
+
+    for found in engine.checks["dropout_high"].values():
+        if found:
+            message, hint = said(found)
+            result.add(CODE, "warning", found[0][0] if len(found) == 1 else common_path([n for n, _ in found]),
+                       message, hint, members=[n for n, _ in found] if len(found) > 1 else None)
 
 
 def _bn_momentum(result: Result, engine) -> None:
