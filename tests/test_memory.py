@@ -752,3 +752,31 @@ def test_a_module_that_returns_its_input_leaves_backward_when_its_gradient_passe
     tracker.remove_hooks()
     # at the first layer's gradient the blocks' backward is over: only the root and that layer are in it
     assert seen == [{"(root)": 1, "0": 1}], seen
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_the_backward_peak_is_named_at_the_module_whose_backward_runs(inplace):
+    """A review: ReLU(inplace=True) returns its input tensor object, changed: told apart from a pass-through by its
+    new grad_fn (it was dropped, and the peak said in "(root)"); and the deepest module running is named, not the
+    container that receives its gradient with its last child. The peak is the ReLU's backward (a 2048x1024 mask and
+    gradient beside the Linear's)."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act, self.out = nn.Linear(64, 1024), nn.ReLU(inplace=inplace), nn.Linear(1024, 2)
+
+        def forward(self, x):
+            return self.out(self.act(self.fc(x)))
+
+    torch.manual_seed(0)
+    r = run("memory", nn.Sequential(Block(), nn.Identity()), inputs=torch.randn(2048, 64))
+    assert r.data["peak_phase"] == "backward" and r.data["peak_module"] == "0.act", r.data
+
+
+def test_the_peak_is_said_in_the_deepest_module_running():
+    from torchdiag.diagnostics.memory.report import innermost
+
+    assert innermost(("(root)", "stages", "stages.2", "stages.2.3")) == "stages.2.3"
+    assert innermost(("(root)", "a.b", "c.d")) == "c.d" and innermost(("(root)",)) == "(root)" and innermost(()) is None

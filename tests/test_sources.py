@@ -441,17 +441,24 @@ def test_said_once_folds_a_library_s_repeated_lines_only():
     assert not handler.filters
 
 
-def test_another_head_on_weights_transformers_converts_on_loading(tmp_path, cli):
-    # a review: a ViT folder (its attention converted by transformers 5's own loader) under --arg task=base was
-    # refused, 32 missing and 32 unexpected; from_pretrained loads its 38 encoder tensors
+@pytest.mark.parametrize("saved, task, cls", [("ViTForImageClassification", "base", "ViTModel"),
+                                              ("ViTModel", "image-classification", "ViTForImageClassification")])
+def test_another_head_on_weights_transformers_converts_on_loading(tmp_path, cli, saved, task, cls):
+    # reviews: a ViT folder (its attention converted by transformers 5's own loader) under another head was refused,
+    # 32 missing and 32 unexpected (from_pretrained loads its 38 encoder tensors); the base model under a classifier
+    # (the usual fine-tuning start) too, its pooler's keys said by the file's names; a layer removed stays refused
     folder = tmp_path / "vit"
     torch.manual_seed(0)
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                     image_size=32, patch_size=8, num_labels=5)
-    saved = transformers.ViTForImageClassification(config)
-    saved.save_pretrained(folder)
-    r = cli("summary", f"hf:{folder}", "--arg", "task=base", "--json")
+    getattr(transformers, saved)(config).save_pretrained(folder)
+    r = cli("summary", f"hf:{folder}", "--arg", f"task={task}", "--json")
     assert r.code == 0, r.stderr
     (f,) = [f for f in r.json["findings"] if f["code"] == "checkpoint-new-head"]
-    ref, info = transformers.ViTModel.from_pretrained(folder, output_loading_info=True)
+    ref, info = getattr(transformers, cls).from_pretrained(folder, output_loading_info=True)
     assert set(f["members"]) == {*info["missing_keys"], *info["unexpected_keys"]}, (f, info)
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if ".layer.1." not in k}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    assert cli("summary", f"hf:{folder}", "--arg", f"task={task}").code == 2

@@ -8153,8 +8153,8 @@ class _LateLazyBranch(nn.Module):
         return self.head(h) + self.aux(h) if aux else self.head(h)
 
 
-@pytest.mark.parametrize("poison", [False, True])
-def test_a_lazy_branch_made_after_the_first_steps_is_watched_by_name(poison):
+@pytest.mark.parametrize("poison, start", [(False, 5), (True, 5), (False, 35)])
+def test_a_lazy_branch_made_after_the_first_steps_is_watched_by_name(poison, start):
     """A review: a lazy module first called after the optimizer had stepped kept an empty stand-in: its trained weights
     were said "never changed" as param_groups[0][4], and a NaN in its gradient was not named. One never called is
     never-gets-grad by name, as a Linear never called."""
@@ -8165,7 +8165,7 @@ def test_a_lazy_branch_made_after_the_first_steps_is_watched_by_name(poison):
     with Watch(every=10) as w:
         for step in range(40):
             opt.zero_grad()
-            loss = F.cross_entropy(model(x, step >= 5), y)
+            loss = F.cross_entropy(model(x, step >= start), y)
             loss.backward()
             if poison and step == 25:
                 model.aux.weight.grad[0, 0] = float("nan")
@@ -8173,6 +8173,10 @@ def test_a_lazy_branch_made_after_the_first_steps_is_watched_by_name(poison):
     r = w.result()
     assert model.aux.weight.shape == (4, 16) and model.aux.weight.grad is not None   # the premise: it trained
     rows = {row["name"]: row for row in r.table("layers").rows}
+    if start == 35:   # made after the last read (a review: said "never made" and never-gets-grad): not judged
+        (never,) = [f for f in r.findings if f.code == "never-gets-grad"]
+        assert set(never.members) == {"unused.weight", "unused.bias"}, never
+        return
     assert rows["aux.weight"]["changed"] and not any(k.startswith("param_groups") for k in rows), rows
     (never,) = [f for f in r.findings if f.code == "never-gets-grad"]
     assert never.severity == "warning" and set(never.members) == {"unused.weight", "unused.bias"}, never
@@ -8240,10 +8244,13 @@ def test_a_run_whose_loss_ends_at_exactly_0_after_blowing_up_is_read():
 
 
 @pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)`")
-@pytest.mark.parametrize("case", ["leftover", "own", "sequential", "another_watched_apart"])
+@pytest.mark.parametrize("case", ["leftover", "own", "sequential", "another_watched_apart", "chained_leftover",
+                                  "built_mid_run"])
 def test_a_scheduler_stepped_on_an_optimizer_that_never_steps_is_said(case):
     """A sweep: a StepLR built on a leftover optimizer (an LR-range probe's), so the one that trains kept its rate and
-    diverged: told only "lower the learning rate". A scheduler of an optimizer that steps, watched or not, is not."""
+    diverged: told only "lower the learning rate". A scheduler of an optimizer that steps, watched or not, is not. A
+    review: a ChainedScheduler's 30 steps were said as 60 (its two parts), and a SequentialLR built mid-run on the
+    leftover and never stepped was said stepped (its own construction steps its parts)."""
     torch.manual_seed(0)
     model, other = _mlp(), _mlp()
     probe = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -8253,23 +8260,32 @@ def test_a_scheduler_stepped_on_an_optimizer_that_never_steps_is_said(case):
         warm = torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=5)
         sched = torch.optim.lr_scheduler.SequentialLR(
             opt, [warm, torch.optim.lr_scheduler.StepLR(opt, 10)], milestones=[5])
+    elif case == "chained_leftover":
+        sched = torch.optim.lr_scheduler.ChainedScheduler(
+            [torch.optim.lr_scheduler.LinearLR(probe, 0.5, total_iters=5), torch.optim.lr_scheduler.StepLR(probe, 10)])
     else:
         sched = torch.optim.lr_scheduler.StepLR({"leftover": probe, "own": opt}.get(case, other_opt), 10)
     x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
     with Watch(model, opt, every=10) as w:   # the model and its optimizer given: another optimizer is not watched
-        for _ in range(30):
+        for step in range(30):
             for m, o in [(model, opt)] + ([(other, other_opt)] if case == "another_watched_apart" else []):
                 loss = F.cross_entropy(m(x), y)
                 o.zero_grad()
                 loss.backward()
                 o.step()
-            sched.step()
+            if case == "built_mid_run" and step == 10:   # built, never stepped: its parts' steps are its own making
+                torch.optim.lr_scheduler.SequentialLR(probe, [torch.optim.lr_scheduler.LinearLR(probe, 0.1, total_iters=3),
+                                                              torch.optim.lr_scheduler.StepLR(probe, 10)], milestones=[3])
+            if case != "built_mid_run":
+                sched.step()
     r = w.result()
-    if case != "leftover":
+    if case not in ("leftover", "chained_leftover"):
         assert "scheduler-idle-optimizer" not in codes(r), r.findings
         return
     f = finding(r, "scheduler-idle-optimizer")
-    assert f.severity == "warning" and f.message.startswith("StepLR was stepped 30 times (from step 1)"), f.message
+    kind = "StepLR" if case == "leftover" else "LinearLR"
+    assert f.severity == "warning" and f.message.startswith(
+        f"a learning-rate scheduler ({kind}) was stepped at 30 of the run's steps (from step 1)"), f.message
     assert opt.param_groups[0]["lr"] == 0.05 and probe.param_groups[0]["lr"] < 1e-4   # the premise
 
 

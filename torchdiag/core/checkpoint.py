@@ -628,7 +628,7 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     fitting = _sort(model, state, ours, report, meta)
     other_head(report, saved, model, set(ours))
     if not report.fits and not header_only:
-        layout = transformers_layout(model, path, _as_model_names(saved, model, set(ours)) if saved else None)
+        layout = transformers_layout(model, path, saved)
         if layout is not None:
             report = Report(path, header_only=header_only, converted=True)
             fitting = _sort(model, layout[0], ours, report, meta)
@@ -660,7 +660,8 @@ def other_head(report: Report, saved: frozenset[str] | None, model, ours: set[st
     missing keys excused let a file without an encoder layer pass)."""
     if saved is None:
         return
-    saved = _as_model_names(saved, model, ours, (report.stripped, report.added))
+    # as the model names them, and as the file does (transformers' loader says a key it left out by the file's name)
+    saved = saved | _as_model_names(saved, model, ours, (report.stripped, report.added))
     report.new_head = [k for k in report.missing if k not in saved]
     report.old_head = [k for k in report.unexpected if k in saved]
     report.missing = [k for k in report.missing if k in saved]
@@ -703,7 +704,7 @@ def transformers_layout(model, path: str, saved: frozenset[str] | None = None) -
     file's keys it left out; or None. transformers >= 5 fuses some on loading (a MoE's experts into one tensor, saved
     one per expert: every Mixtral folder save_pretrained writes failed with 13 unexpected keys, a sweep; ViT's
     attention, a review). Safetensors only (no code runs), and only when that loader found every key of the model and
-    used every key of the folder, but for another head's (`saved`: the saved class's keys, named as the model's): the
+    used every key of the folder, but for another head's (`saved`: the saved class's keys): the
     keys only the new head has are left out (ours stay, other_head says them) and those only the old one had are
     returned; only for the folder's own weights (model.safetensors, or its index for shards), the files
     from_pretrained reads."""
@@ -738,8 +739,10 @@ def transformers_layout(model, path: str, saved: frozenset[str] | None = None) -
     missing, unexpected = list(info.get("missing_keys") or []), list(info.get("unexpected_keys") or [])
     if info.get("mismatched_keys") or info.get("error_msgs") or (missing or unexpected) and saved is None:
         return None
-    if saved is not None and (any(k in saved for k in missing) or any(k not in saved for k in unexpected)):
-        return None   # a key both heads have that the file lacks, or one neither has: not another head's
+    if saved is not None:   # the saved class's keys as it names them (the file's) and as the model does
+        named = saved | _as_model_names(saved, model, set(model.state_dict()))
+        if any(k in named for k in missing) or any(k not in named for k in unexpected):
+            return None   # a key both heads have that the file lacks, or one neither has: not another head's
     state = twin.state_dict()
     for key in missing:
         state.pop(key, None)

@@ -35,6 +35,7 @@ class LiveTensors(TorchDispatchMode):
         self.modules: dict[str, ModuleStats] = {}
         self._handles: list = []
         self._fw_before: list[int] = []
+        self._fw_nodes: list[dict] = []   # per open forward: id() -> grad_fn of its inputs that carry a gradient
 
     # ---- bookkeeping -------------------------------------------------------------
     def _size(self, st) -> int:
@@ -174,23 +175,26 @@ class LiveTensors(TorchDispatchMode):
                 self.fw_stack.append(name)
                 self._fw_before.append(self.current)
                 stats.fw_peak = max(stats.fw_peak, self.current)
-                if torch.is_grad_enabled():
-                    ts = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.requires_grad]
-                    if ts:
-                        self._handles.append(register_multi_grad_hook(ts, lambda _g, n=name: self._bw_exit(n)))
+                ts = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.requires_grad] \
+                    if torch.is_grad_enabled() else []
+                self._fw_nodes.append({id(a): a.grad_fn for a in ts})
+                if ts:
+                    self._handles.append(register_multi_grad_hook(ts, lambda _g, n=name: self._bw_exit(n)))
 
             def post(m, args, output, name=name):
+                given: dict = {}
                 if self.fw_stack and self.fw_stack[-1] == name:
                     self.fw_stack.pop()
                     before = self._fw_before.pop()
+                    given = self._fw_nodes.pop()
                     self.modules[name].fw_delta += self.current - before
                 if torch.is_grad_enabled():
-                    # an output that is one of its inputs (an Identity, drop_path at rate 0) gets its gradient once,
-                    # and the exit hook on it ran first: entered then, the module stayed "in backward" to the end
-                    # and was named where the backward peak was (a sweep: pvt_v2_b0's drop_path2)
-                    given = {id(a) for a in tree_leaves(args) if isinstance(a, torch.Tensor)}
+                    # an output that is one of its inputs, unchanged (an Identity, drop_path at rate 0: the same
+                    # grad_fn), gets its gradient once, and the exit hook on it ran first: entered then, the module
+                    # stayed "in backward" to the end (a sweep: pvt_v2_b0's drop_path2). One changed in place
+                    # (ReLU(inplace=True)) has a new grad_fn: its backward is its own (a review)
                     ts = [a for a in tree_leaves(output) if isinstance(a, torch.Tensor) and a.requires_grad
-                          and id(a) not in given]
+                          and not (id(a) in given and a.grad_fn is given[id(a)])]
                     if ts:
                         self._handles.append(register_multi_grad_hook(ts, lambda _g, n=name: self._bw_enter(n)))
 

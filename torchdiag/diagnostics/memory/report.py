@@ -109,7 +109,7 @@ def _fill(result: Result, r: StepReport, opts: Options, ctx, est_peak, inputs) -
         result.header["loss"] = r.loss
     result.data.update({
         "peak_bytes": r.peak, "peak_phase": r.peak_phase,
-        "peak_module": (r.peak_modules[-1] if r.peak_modules else None),
+        "peak_module": innermost(r.peak_modules),
         "param_bytes": r.param_bytes, "buffer_bytes": r.buffer_bytes, "input_bytes": r.input_bytes,
         "grad_bytes": r.grad_bytes, "optimizer_bytes": r.optimizer_bytes, "activation_bytes": r.activation_bytes,
         "temporary_bytes_at_peak": r.at_peak.get("temporaries", 0),
@@ -294,7 +294,7 @@ def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) 
     from ...fmt import human_bytes
 
     result.summary.append(("Peak", f"{human_bytes(r.peak)} ({r.peak:,} bytes) during {r.peak_phase}"
-                           + (f", in {r.peak_modules[-1]}" if r.peak_modules else "")))
+                           + (f", in {innermost(r.peak_modules)}" if r.peak_modules else "")))
     if est_peak is not None:
         result.summary.append(("Estimate (fake tensors)", f"{human_bytes(est_peak)} "
                                f"({100 * result.data['estimate_error']:+.1f}% vs measured)"))
@@ -312,3 +312,14 @@ def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) 
                             "optimizer uses torch's CUDA default (foreach), so its temporaries are counted as on a GPU")
     result.notes.append("tensor-level bytes (what tensors hold); a CUDA caching allocator reserves more "
                         "(block rounding, fragmentation), and the CUDA context itself takes several hundred MiB")
+
+
+def innermost(modules) -> str | None:
+    """The deepest of the modules running at the peak (the last such of equal depth). In backward a container and its
+    last child receive their gradient together, the container last: the child is where the work is (a review:
+    starnet_s050's peak said in stages.2, a whole stage, for stages.2.3)."""
+    if not modules:
+        return None
+    depth = {m: (0 if m == "(root)" else m.count(".") + 1) for m in modules}
+    top = max(depth.values())
+    return [m for m in modules if depth[m] == top][-1]

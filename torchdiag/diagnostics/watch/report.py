@@ -10,6 +10,7 @@ import re
 import statistics
 
 from ...core.design import TINY_RMS
+from ...core.lazy import is_uninitialised
 from ...core.loss import probabilities_floor
 from ...core.repeats import common_path, compact, cut
 from ...results import Column, Result, Table
@@ -330,8 +331,8 @@ def _wiring(result: Result, engine) -> None:
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         never: dict[str, list[str]] = {}   # never-gets-grad, per severity: one finding each (a sweep: a detached
         for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
-            if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
-                continue
+            if i in ignored or owners[param_key(p)] is not t or i in t.lazy and not is_uninitialised(t.lazy[i]):
+                continue   # said once above; or another optimizer's row; or a lazy one made after the last read
             # never at a read step since it joined, and no non-zero norm at any step (the per-step rows): a sparse
             # MoE's expert routed to between reads got gradients (a review: experts 0 and 5 were named)
             # (empty: nothing to train, but a lazy module's never made: a module never called, as any other)
@@ -548,8 +549,8 @@ def _unstepped_schedulers(result: Result, engine) -> None:
     trains = [t.opt for t in engine.tracks.values() if not t.retired and t.opt is not None]
     for kind, opt, calls, first in engine.schedulers.unstepped():
         theirs = f": the optimizer that trains ({type(trains[0]).__name__}) keeps its own rate" if trains else ""
-        result.add("scheduler-idle-optimizer", "warning", "", f"{kind} was stepped {calls} times (from step {first}) on "
-                   f"an optimizer ({opt}) that never stepped: the learning rate it schedules trains nothing{theirs}",
+        result.add("scheduler-idle-optimizer", "warning", "", f"a learning-rate scheduler ({kind}) was stepped at "
+                   f"{calls} of the run's steps (from step {first}) on an optimizer ({opt}) that never stepped: the learning rate it schedules trains nothing{theirs}",
                    "build the scheduler on the optimizer the loop steps: Scheduler(optimizer, ...) after that "
                    "optimizer is made (a leftover or re-made optimizer keeps the old one's scheduler)")
 
@@ -2000,6 +2001,4 @@ def _optimizers(engine) -> list[str]:
 
 def _shape_of(p) -> str:
     """A parameter's shape as said; a lazy module's never called has none yet (a review: asking raised)."""
-    from ...core.lazy import is_uninitialised
-
     return "uninitialised (a lazy module never called)" if is_uninitialised(p) else "x".join(map(str, p.shape)) or "scalar"

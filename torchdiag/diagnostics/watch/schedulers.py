@@ -26,7 +26,8 @@ class SchedulerCalls:
         self._wrapper = None
         # id(track) -> [first, last] runs of clock steps each followed by a call of a scheduler of its optimizer
         self.runs: dict[int, list[list[int]]] = {}
-        # id(optimizer) of no track -> [it (weakly), the scheduler's type, its calls, the first call's clock step]
+        # id(optimizer) of no track -> [it (weakly), the scheduler's type, the clock steps a scheduler of it was
+        # stepped at, the first of them, the last]
         self.idle: dict[int, list] = {}
 
     def attach(self) -> None:
@@ -50,8 +51,8 @@ class SchedulerCalls:
     def _saw(self, scheduler) -> None:
         """A call after the clock's step `engine.step` (its first, at construction, comes before any: not counted)."""
         engine = self._engine()
-        if engine is None or engine.closed or engine.step == 0:
-            return
+        if engine is None or engine.closed or engine.step == 0 or getattr(scheduler, "_is_initial", False):
+            return   # (a scheduler's own first step at construction, a SequentialLR's of its parts: not the loop's)
         opt = getattr(scheduler, "optimizer", None)
         track = engine.tracks.get(id(opt))
         if track is None:
@@ -64,12 +65,14 @@ class SchedulerCalls:
             runs.append([s, s])
 
     def _idle(self, scheduler, opt, step: int) -> None:
+        """Counted by clock step: a ChainedScheduler steps each of its parts (a review: 80 steps said as 160)."""
         got = self.idle.get(id(opt))
         if got is not None and got[0]() is opt:
-            got[2] += 1
+            if got[4] != step:
+                got[2], got[4] = got[2] + 1, step
         elif opt is not None and len(self.idle) < MAX_IDLE:
             with contextlib.suppress(TypeError):
-                self.idle[id(opt)] = [weakref.ref(opt), type(scheduler).__name__, 1, step]
+                self.idle[id(opt)] = [weakref.ref(opt), type(scheduler).__name__, 1, step, step]
 
     def unstepped(self) -> list[tuple[str, str, int, int]]:
         """(scheduler type, optimizer type, calls, first step) of schedulers stepped at least twice during the run on
@@ -77,7 +80,7 @@ class SchedulerCalls:
         optimizer.step sets): the rate they set trains nothing (a sweep: a scheduler built on a leftover optimizer,
         the one that trains kept its rate and diverged, told only to lower it)."""
         out = []
-        for ref, kind, calls, first in self.idle.values():
+        for ref, kind, calls, first, _ in self.idle.values():
             opt = ref()
             # the mark is set only through torch's wrapper: a step replaced after the scheduler was made says nothing
             wrapped = hasattr(getattr(opt, "step", None), "_wrapped_by_lr_sched")
