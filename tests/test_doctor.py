@@ -1679,3 +1679,13 @@ def test_a_dropout_that_drops_most_of_its_input_is_said(p):
         return
     (f,) = found
     assert f.severity == "warning" and f.where == "2" and "zeroes 90% of the values and scales the rest by 10" in f.message
+
+
+def test_the_dropout_rate_message_near_one_says_what_torch_does():
+    # a review: p = 0.999 was said "zeroes 100%", p = 1 "scales the rest by 1e+09"; torch zeroes everything at 1
+    from torchdiag.core.dropout_rate import said
+
+    with torch.no_grad():
+        assert float(nn.Dropout(1.0).train()(torch.ones(100)).abs().sum()) == 0.0   # the premise
+    assert "zeroes 99.9% of the values and scales the rest by 1000" in said([("fc", 0.999)])[0]
+    assert "zeroes every value (nothing passes)" in said([("fc", 1.0)])[0]

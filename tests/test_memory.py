@@ -779,4 +779,6 @@ def test_the_peak_is_said_in_the_deepest_module_running():
     from torchdiag.diagnostics.memory.report import innermost
 
     assert innermost(("(root)", "stages", "stages.2", "stages.2.3")) == "stages.2.3"
-    assert innermost(("(root)", "a.b", "c.d")) == "c.d" and innermost(("(root)",)) == "(root)" and innermost(()) is None
+    # a module left in the list (its inputs carry no gradient: no exit) is not inside the last one entered
+    assert innermost(("(root)", "side.0.0", "big")) == "big" and innermost(("(root)",)) == "(root)"
+    assert innermost(("(root)", "fast", "fast.inner.0", "out"), "forward") == "out" and innermost(()) is None

@@ -23,7 +23,9 @@ def said(found: list[tuple[str, float]]) -> tuple[str, str]:
     what = (f"Dropout {names[0]} has p={top:g}" if len(found) == 1 else
             f"{len(found)} dropout modules ({', '.join(names[:3])}{' …' if len(names) > 3 else ''}) have p up to {top:g}")
     one = len(found) == 1
-    return (f"{what}: in train mode {'it zeroes' if one else 'they zero'} {top:.0%} of the values and "
-            f"{'scales' if one else 'scale'} the rest by {1 / max(1 - top, 1e-9):.3g} (torch's p is the share dropped; TensorFlow 1's keep_prob "
-            f"is the share kept: its {top:g} is torch's {1 - top:.2g})",
+    kept = (f"{'zeroes' if one else 'zero'} every value (nothing passes)" if top >= 1 else
+            f"{'zeroes' if one else 'zero'} {top * 100:.3g}% of the values and {'scales' if one else 'scale'} the "
+            f"rest by {1 / (1 - top):.4g}")   # (a review: p = 0.999 was "100%", p = 1 "scaled by 1e+09")
+    return (f"{what}: in train mode {'it' if one else 'they'} {kept} (torch's p is the share dropped; TensorFlow 1's "
+            f"keep_prob is the share kept: its {top:g} is torch's {1 - top:.3g})",
             "p = 1 - keep_prob (torch's default is 0.5; 0.1-0.3 is usual); a rate this high on purpose: ignore this")

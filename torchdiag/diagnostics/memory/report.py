@@ -109,7 +109,7 @@ def _fill(result: Result, r: StepReport, opts: Options, ctx, est_peak, inputs) -
         result.header["loss"] = r.loss
     result.data.update({
         "peak_bytes": r.peak, "peak_phase": r.peak_phase,
-        "peak_module": innermost(r.peak_modules),
+        "peak_module": innermost(r.peak_modules, r.peak_phase),
         "param_bytes": r.param_bytes, "buffer_bytes": r.buffer_bytes, "input_bytes": r.input_bytes,
         "grad_bytes": r.grad_bytes, "optimizer_bytes": r.optimizer_bytes, "activation_bytes": r.activation_bytes,
         "temporary_bytes_at_peak": r.at_peak.get("temporaries", 0),
@@ -294,7 +294,7 @@ def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) 
     from ...fmt import human_bytes
 
     result.summary.append(("Peak", f"{human_bytes(r.peak)} ({r.peak:,} bytes) during {r.peak_phase}"
-                           + (f", in {innermost(r.peak_modules)}" if r.peak_modules else "")))
+                           + (f", in {innermost(r.peak_modules, r.peak_phase)}" if r.peak_modules else "")))
     if est_peak is not None:
         result.summary.append(("Estimate (fake tensors)", f"{human_bytes(est_peak)} "
                                f"({100 * result.data['estimate_error']:+.1f}% vs measured)"))
@@ -314,12 +314,16 @@ def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) 
                         "(block rounding, fragmentation), and the CUDA context itself takes several hundred MiB")
 
 
-def innermost(modules) -> str | None:
-    """The deepest of the modules running at the peak (the last such of equal depth). In backward a container and its
-    last child receive their gradient together, the container last: the child is where the work is (a review:
-    starnet_s050's peak said in stages.2, a whole stage, for stages.2.3)."""
+def innermost(modules, phase: str = "backward") -> str | None:
+    """The module running at the peak. In forward, the top of the call stack. In backward, the last to receive its
+    gradient, or the deepest module inside it that is in backward too: a container and its last child receive their
+    gradient together, the container last (a review: starnet_s050's peak said in stages.2, a whole stage, for
+    stages.2.3). Not the deepest of all: a module whose inputs carry no gradient never leaves the list (a review: a
+    side branch fed by the raw input, done before the peak, was named)."""
     if not modules:
         return None
-    depth = {m: (0 if m == "(root)" else m.count(".") + 1) for m in modules}
-    top = max(depth.values())
-    return [m for m in modules if depth[m] == top][-1]
+    last = modules[-1]
+    if phase != "backward":
+        return last
+    inside = [m for m in modules if m.startswith(last + ".")]
+    return max(inside, key=lambda m: m.count("."), default=last)
