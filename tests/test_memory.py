@@ -782,3 +782,34 @@ def test_the_peak_is_said_in_the_deepest_module_running():
     # a module left in the list (its inputs carry no gradient: no exit) is not inside the last one entered
     assert innermost(("(root)", "side.0.0", "big")) == "big" and innermost(("(root)",)) == "(root)"
     assert innermost(("(root)", "fast", "fast.inner.0", "out"), "forward") == "out" and innermost(()) is None
+
+
+def test_a_forward_peak_after_a_caught_failure_is_said_where_it_happens():
+    """A review: a fast path that raised and was caught left its module on the call stack, and the peak of the root's
+    own fallback (a 256x4096 matmul) was said in it. Hooks that always run take it off."""
+    from torch import nn
+
+    class Fast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(64, 64)
+
+        def forward(self, x):
+            self.inner(x)
+            raise RuntimeError("fast path unsupported")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fast, self.w, self.out = Fast(), nn.Parameter(torch.randn(64, 4096) * 0.01), nn.Linear(4096, 10)
+
+        def forward(self, x):
+            try:
+                return self.fast(x)
+            except RuntimeError:
+                pass
+            return self.out(torch.relu(x @ self.w) * 2.0)
+
+    torch.manual_seed(0)
+    r = run("memory", Net(), inputs=torch.randn(256, 64), mode="inference")
+    assert r.data["peak_phase"] == "forward" and r.data["peak_module"] == "(root)", r.data

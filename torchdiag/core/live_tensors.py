@@ -202,7 +202,9 @@ class LiveTensors(TorchDispatchMode):
                         self._handles.append(register_multi_grad_hook(ts, lambda _g, n=name: self._bw_enter(n)))
 
             self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(mod.register_forward_hook(post))
+            # always_call: a forward that raises (a fast path caught by its caller, a checkpoint's recomputation
+            # stopping early) leaves the stack too (a review: its stale entries were named at the peak)
+            self._handles.append(mod.register_forward_hook(post, always_call=True))
 
     def _bw_enter(self, name: str) -> None:
         self.bw_active[name] += 1

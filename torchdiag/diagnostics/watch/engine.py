@@ -519,6 +519,8 @@ class Engine:
             self._prefix_first(self._labels[0] + ".")
         self._inner[id(root)] = inner(root)
         self._bn_start(root)
+        if inner(root).training:   # dropout-rate at its first call too: a fold shorter than `every` has no read
+            self.checks["dropout_high"][id(root)] = dropping_most(inner(root), self.root_prefix(root))   # (a review)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
         if compiled(root):
@@ -657,6 +659,7 @@ class Engine:
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self.checks["dead_regrouped"] = {ren(k) for k in self.checks["dead_regrouped"]}
+        self.checks["dropout_high"] = {k: [(ren(n), p) for n, p in v] for k, v in self.checks["dropout_high"].items()}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
         self._unowned = rekey(self._unowned)         # seen in no optimizer at a read: the end judges them
         self._frozen_refs = rekey(self._frozen_refs)
