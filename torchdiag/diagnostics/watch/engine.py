@@ -520,7 +520,8 @@ class Engine:
         self._inner[id(root)] = inner(root)
         self._bn_start(root)
         if inner(root).training:   # dropout-rate at its first call too: a fold shorter than `every` has no read
-            self.checks["dropout_high"][id(root)] = dropping_most(inner(root), self.root_prefix(root))   # (a review)
+            # (a review); kept by the model's order, not its id, which a later model may take (a review)
+            self.checks["dropout_high"][self._order[id(root)]] = dropping_most(inner(root), self.root_prefix(root))
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
         if compiled(root):
@@ -1623,8 +1624,9 @@ class Engine:
             if not inner(root).training:
                 continue
             prefix = self.root_prefix(root)   # the rows' names: `Type#i.` where there are several models
-            if rid not in self.checks["dropout_high"]:   # once a model, in train mode (core/dropout_rate.py)
-                self.checks["dropout_high"][rid] = dropping_most(inner(root), prefix)
+            order = self._order.get(rid)
+            if order not in self.checks["dropout_high"]:   # once a model, in train mode (core/dropout_rate.py)
+                self.checks["dropout_high"][order] = dropping_most(inner(root), prefix)
             in_eval = set()
             for name, m in inner(root).named_modules():
                 if not m.training:
