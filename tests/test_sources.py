@@ -462,3 +462,18 @@ def test_another_head_on_weights_transformers_converts_on_loading(tmp_path, cli,
     save_file({k: v for k, v in state.items() if ".layer.1." not in k}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     assert cli("summary", f"hf:{folder}", "--arg", f"task={task}").code == 2
+
+
+def test_another_head_on_a_folder_whose_config_names_no_architecture(tmp_path, cli):
+    # a review: an MLM file under a config without `architectures` was read as the base model's (the default head),
+    # and its cls.* keys were refused; the saved head is the one of the config's type that holds every key of the file
+    folder = tmp_path / "mlm"
+    _bert_mlm(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("architectures")
+    (folder / "config.json").write_text(json.dumps(config))
+    r = cli("nancheck", f"hf:{folder}", "--arg", "task=sequence-classification", "--arg", "num_labels=3", "--json")
+    assert r.code == 0, r.stderr
+    (f,) = [f for f in r.json["findings"] if f["code"] == "checkpoint-new-head"]
+    ref, info = transformers.BertForSequenceClassification.from_pretrained(folder, num_labels=3, output_loading_info=True)
+    assert set(f["members"]) == {*info["missing_keys"], *info["unexpected_keys"]}, (f, info)

@@ -279,7 +279,7 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
     source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
     if task is not None and source.weights:   # another head on the saved weights: what from_pretrained starts anew
-        source.saved_keys = _saved_keys(config, cls)   # and drops (checkpoint.other_head)
+        source.saved_keys = _saved_keys(config, cls, source.weights)   # and drops (checkpoint.other_head)
     source.header["unread"] = _unread_weights(folder, source.weights)   # said by core.context (--checkpoint or not)
     if not source.weights:
         where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
@@ -348,20 +348,56 @@ def _known_type(model_type) -> bool:
     return isinstance(model_type, str) and model_type in CONFIG_MAPPING
 
 
-def _saved_keys(config, cls) -> frozenset[str] | None:
+def _saved_keys(config, cls, weights: list[str]) -> frozenset[str] | None:
     """The state-dict keys of the class the folder's weights are of (the one built without --arg task:
-    architectures[0], else the default head), built on meta; None where that is `cls` or cannot be built."""
-    import torch
-
+    architectures[0]; a config that names none: the head class of its type whose keys hold every key of the file, the
+    fewest besides, else the default head), built on meta; None where that is `cls` or cannot be built."""
     try:
         saved, _ = _hf_class(config, None)
-        if saved is cls:
-            return None
-        with torch.device("meta"):
-            model = saved.from_config(config) if hasattr(saved, "from_config") else saved._from_config(config)
-        return frozenset(model.state_dict())
+        default = None if saved is cls else _keys_on_meta(saved, config)
+        if getattr(config, "architectures", None):
+            return default
+        return _keys_holding(config, _file_keys(weights)) or default   # (a review: an MLM file read as a base's)
     except Exception:   # noqa: BLE001 - unknown: every key stays strict
         return None
+
+
+def _keys_on_meta(model_cls, config) -> frozenset[str]:
+    import torch
+
+    with torch.device("meta"):
+        model = model_cls.from_config(config) if hasattr(model_cls, "from_config") else model_cls._from_config(config)
+    return frozenset(model.state_dict())
+
+
+def _file_keys(weights: list[str]) -> set[str]:
+    """The tensor names the safetensors files (or a shards' index) hold, from their headers alone."""
+    from safetensors import safe_open
+
+    found: set[str] = set()
+    for path in weights:
+        if path.endswith(".json"):
+            found |= set(json.loads(read_text(path, "hf: shard index")).get("weight_map", {}))
+        else:
+            with safe_open(path, framework="pt") as f:
+                found |= set(f.keys())
+    return found
+
+
+def _keys_holding(config, file_keys: set[str]) -> frozenset[str] | None:
+    """Of the head classes transformers has for this config's type, the keys of the one that holds every key of the
+    file with the fewest besides (its tied copies the file left out); None when none holds them all."""
+    import transformers
+
+    best = None
+    for auto in dict.fromkeys(HF_TASKS.values()):
+        model_cls = getattr(transformers, auto)._model_mapping.get(type(config), None)
+        if model_cls is None:
+            continue
+        keys = _keys_on_meta(model_cls, config)
+        if file_keys <= keys and (best is None or len(keys - file_keys) < len(best - file_keys)):
+            best = keys
+    return best
 
 
 def _hf_class(config, task: str | None):
