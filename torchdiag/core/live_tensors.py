@@ -183,9 +183,6 @@ class LiveTensors(TorchDispatchMode):
 
             def post(m, args, output, name=name):
                 given: dict = {}
-                if name in self.fw_stack and self.fw_stack[-1] != name:   # calls above it raised, and were caught
-                    k = len(self.fw_stack) - 1 - self.fw_stack[::-1].index(name)   # (a fast path's fallback: a review)
-                    del self.fw_stack[k + 1:], self._fw_before[k + 1:], self._fw_nodes[k + 1:]
                 if self.fw_stack and self.fw_stack[-1] == name:
                     self.fw_stack.pop()
                     before = self._fw_before.pop()

@@ -273,8 +273,7 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
     cls, how = _hf_class(config, task)
 
     def build(**overrides):
-        c = _hf_config(config_dict, config_file, overrides)
-        return cls.from_config(c) if hasattr(cls, "from_config") else cls._from_config(c)
+        return _from_config(cls, _hf_config(config_dict, config_file, overrides))
 
     source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
@@ -362,26 +361,25 @@ def _saved_keys(config, cls, weights: list[str]) -> frozenset[str] | None:
         return None
 
 
+def _from_config(model_cls, config):
+    """An Auto class builds with from_config, a model class with _from_config."""
+    return model_cls.from_config(config) if hasattr(model_cls, "from_config") else model_cls._from_config(config)
+
+
 def _keys_on_meta(model_cls, config) -> frozenset[str]:
     import torch
 
     with torch.device("meta"):
-        model = model_cls.from_config(config) if hasattr(model_cls, "from_config") else model_cls._from_config(config)
-    return frozenset(model.state_dict())
+        return frozenset(_from_config(model_cls, config).state_dict())
 
 
 def _file_keys(weights: list[str]) -> set[str]:
-    """The tensor names the safetensors files (or a shards' index) hold, from their headers alone."""
-    from safetensors import safe_open
+    """The tensor names the weight files hold, read as on meta (safetensors headers, a shards' index: no data)."""
+    import torch
 
-    found: set[str] = set()
-    for path in weights:
-        if path.endswith(".json"):
-            found |= set(json.loads(read_text(path, "hf: shard index")).get("weight_map", {}))
-        else:
-            with safe_open(path, framework="pt") as f:
-                found |= set(f.keys())
-    return found
+    from .checkpoint import read_state
+
+    return {k for path in weights for k in read_state(path, torch.device("meta"))[0]}
 
 
 def _keys_holding(config, file_keys: set[str]) -> frozenset[str] | None:
