@@ -75,17 +75,17 @@ class SchedulerCalls:
                 self.idle[id(opt)] = [weakref.ref(opt), type(scheduler).__name__, 1, step, step]
 
     def unstepped(self) -> list[tuple[str, str, int, int]]:
-        """(scheduler type, optimizer type, calls, first step) of schedulers stepped at least twice during the run on
+        """(scheduler type, optimizer type, steps, first step) of schedulers stepped at two or more steps of the run on
         an optimizer still alive that never stepped at all (torch's own mark, `_opt_called`, which its wrapper of
         optimizer.step sets): the rate they set trains nothing (a sweep: a scheduler built on a leftover optimizer,
         the one that trains kept its rate and diverged, told only to lower it)."""
         out = []
-        for ref, kind, calls, first, _ in self.idle.values():
+        for ref, kind, steps, first, _ in self.idle.values():
             opt = ref()
             # the mark is set only through torch's wrapper: a step replaced after the scheduler was made says nothing
             wrapped = hasattr(getattr(opt, "step", None), "_wrapped_by_lr_sched")
-            if opt is not None and calls >= 2 and wrapped and not getattr(opt, "_opt_called", False):
-                out.append((kind, type(opt).__name__, calls, first))
+            if opt is not None and steps >= 2 and wrapped and not getattr(opt, "_opt_called", False):
+                out.append((kind, type(opt).__name__, steps, first))
         return out
 
     def each_step(self, first: int, last: int, track: int | None) -> bool:
