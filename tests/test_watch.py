@@ -3332,6 +3332,53 @@ def test_compiled_model_found_without_code_change_keeps_its_checks(recwarn):
     assert not [x for x in recwarn if "global hooks" in str(x.message)]
 
 
+def test_a_compiled_optimizer_step_is_counted_and_judged():
+    """A sweep: `torch.compile` of a function calling `opt.step()` (PyTorch's recipe for a faster optimizer), the
+    model found without code change: our step hooks ran once, traced on symbolic values, and broke there: no step
+    seen (exit 2 under `watch --`). They now run uncompiled at every step: the steps count, the loss falls, and a
+    missing zero_grad is found as in an eager run."""
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = torch.compile(opt.step, backend="eager")
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for i in range(30):
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(model(x), (x[:, :3].sum(1) > 0).long())
+            if i < 10:
+                opt.zero_grad()   # the bug: none from step 11 on
+            loss.backward()
+            step()
+    r = w.result()
+    assert w.engine.broken is None and r.data["steps"] == 30
+    assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert codes(r) == {"grad-carried-over"}
+
+
+def test_a_compiled_training_step_says_what_it_hides():
+    """A model called only inside a compiled training step is out of reach of module hooks: the steps are watched
+    (by parameter position), and a note says which checks need the model called outside, once."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    @torch.compile(backend="eager")
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            x = torch.randn(16, 8, generator=g)
+            train_step(x, (x[:, :3].sum(1) > 0).long())
+    r = w.result()
+    assert w.engine.broken is None and r.data["steps"] == 30 and codes(r) == set()
+    said = [n for n in r.notes if "only inside torch.compile'd code" in n]
+    assert len(said) == 1 and "torch.compile(model)" in said[0]
+
+
 def test_an_internal_error_never_breaks_the_users_training(monkeypatch):
     from torchdiag.diagnostics.watch import stats
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 import weakref
 
 from ...core.device import wide_float
@@ -50,20 +51,38 @@ def _kind_over(t: Track) -> str:
     return f"{t.kind} over {t.names[0]}" if t.names else t.kind
 
 
-def _guarded(hook):
+def _guarded(hook, uncompiled: bool = False):
     """A hook of ours that raises must never break the user's training: the engine stops watching
-    (every hook becomes a no-op), and the report says why."""
+    (every hook becomes a no-op), and the report says why. `uncompiled`: see _step_hook."""
+    eager: list = []
+
     @functools.wraps(hook)
     def run(self, *args, **kwargs):
         if self.broken:
             return None
+        call = hook
+        if uncompiled and "torch._dynamo" in sys.modules:
+            if not eager:
+                import torch._dynamo
+
+                eager.append(torch._dynamo.disable(hook, recursive=True))
+            call = eager[0]
         try:
-            return hook(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
         except Exception as exc:
             self.broken = f"watch stopped at step {self.step} after an internal error ({one_line(exc)}); " \
                           "the report covers the steps before it"
             return None
     return run
+
+
+def _step_hook(hook):
+    """An optimizer-step hook, run eagerly at every step also where the user compiled the step (torch.compile of
+    `opt.step`, or of a whole training step): traced, it ran once, on symbolic values, and under a compiled caller
+    dynamo compiles each frame it calls too, where our code broke (a sweep: exit 2, "no optimizer step was seen").
+    Disabled, it is a graph break that runs it uncompiled at every call. torch._dynamo is not imported for it: a run
+    that compiles has it loaded already."""
+    return _guarded(hook, uncompiled=True)
 
 
 ROWS_UNREAD = 100   # an optimizer's per-step rows no read took, in units of `every`, at which one is made (one sync)
@@ -164,6 +183,7 @@ class Engine:
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
         self.compiled_parts: set[str] = set()   # compiled submodules of a watched model (not probed for dead units)
         self.under_functorch = False            # a probed forward ran under torch.func (not probed for dead units)
+        self.traced_forward = False             # a forward traced by torch.compile (a compiled training step)
         self._traced: set[int] = set()      # roots a probe hook ran under torch.compile's tracing: not probed again
         self._model_ids_key: tuple = ()
         self._model_ids_cache: set[int] = set()
@@ -398,6 +418,7 @@ class Engine:
         if _compiling():   # nothing of ours in a compiled graph (a review: traced in script mode, the graph-task
             # read broke the script's graph 5 times and ran its dropout eagerly); with models given, the hooks stay
             self._inert = self._inert or self._given_models   # till the end, inert (their going would recompile)
+            self.traced_forward = True
             return
         if self._given_models and self._inert:
             return
@@ -1231,14 +1252,20 @@ class Engine:
     def _successor_pre(self, opt, args, kwargs):
         if opt in self._given:   # its own hooks see it (the per-step path: one look, no call)
             return None
-        return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_pre(opt, args, kwargs)
+        return self._not_given_step(opt, args, kwargs, True)
 
     def _successor_post(self, opt, args, kwargs):
         if opt in self._given:
             return None
-        return self._post_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_post(opt)
+        return self._not_given_step(opt, args, kwargs, False)
 
-    @_guarded
+    @_step_hook
+    def _not_given_step(self, opt, args, kwargs, pre: bool):
+        if self._succeeds_given(opt):
+            return self._pre_step(opt, args, kwargs) if pre else self._post_step(opt, args, kwargs)
+        return self._other_pre(opt, args, kwargs) if pre else self._other_post(opt)
+
+    @_step_hook
     def _other_pre(self, opt, args, kwargs):
         """With optimizers given, one not given (nor a successor) is not watched, but a second optimizer over
         the given one's parameters is how a gradient is applied twice (double.py); a given one's hooks run after."""
@@ -1266,7 +1293,7 @@ class Engine:
             entry = self.unwatched[id(opt)] = [f"{type(opt).__name__} over {mine[0]}", 0]
         entry[1] += 1
 
-    @_guarded
+    @_step_hook
     def _other_post(self, opt):
         if opt in self._given:
             return
@@ -1274,7 +1301,7 @@ class Engine:
         if closure and not nested:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
 
-    @_guarded
+    @_step_hook
     def _pre_step(self, opt, args, kwargs):
         closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
@@ -1574,7 +1601,7 @@ class Engine:
         return track.nonfinite_now() or (is_clock and bool(self._loss_window)
                                          and nonfinite_losses(self._loss_window[-1]))
 
-    @_guarded
+    @_step_hook
     def _post_step(self, opt, args, kwargs):
         nested, _, again = self.doubles.leave(opt)
         if again:
