@@ -2536,6 +2536,37 @@ def test_an_optimizer_made_again_at_every_step_is_said_when_it_keeps_state(made)
         assert "59 times in 60 steps" in found[0].message and found[0].severity == "warning", found[0].message
 
 
+@pytest.mark.parametrize("made", ["new_weights", "copies", "from_last", "once"])
+def test_a_model_made_again_at_every_step_is_said_when_nothing_builds_up(made):
+    """A review: a model built inside the loop (each stepped once and let go) was a PASS with a note in the header,
+    and its one high dropout "18 dropout modules". Said once it starts from new weights and the loss did not fall:
+    not for copies of one model (an episode each, on purpose), nor for models made from the last one's weights (a
+    state-dict round trip: the loss falls), nor for a model made once."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
+    g = torch.Generator().manual_seed(0)
+    x, y = _xy(g)
+    model, state = base, copy.deepcopy(base.state_dict())
+    with Watch(every=10) as w:
+        for _ in range(60):
+            if made != "once":
+                model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
+                if made == "copies":
+                    model.load_state_dict(base.state_dict())
+                elif made == "from_last":
+                    model.load_state_dict(state)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            state = model.state_dict()
+    r = w.result()
+    assert ("model-remade" in codes(r)) == (made == "new_weights"), codes(r)
+    (drop,) = [f for f in r.findings if f.code == "dropout-rate"]
+    assert drop.where == ("2" if made == "once" else "model.2"), drop.where
+    assert ("in each of 60 models made anew" in drop.message) == (made != "once"), drop.message
+
+
 def test_parameter_with_zero_learning_rate_never_changes():
     """A group at lr 0 beside one that trains is a part frozen on purpose (a sweep: a backbone given lr 0 was four
     warnings): one info naming the rate. An optimizer whose every group is at 0 trains nothing: warnings."""
@@ -8370,5 +8401,5 @@ def test_dropout_rate_is_said_once_for_models_made_per_fold_each_shorter_than_a_
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-    (f,) = [f for f in w.result().findings if f.code == "dropout-rate"]
-    assert f.members == ["m#0.2", "m#1.2", "m#2.2"], f.to_dict()
+    (f,) = [f for f in w.result().findings if f.code == "dropout-rate"]   # one module of the model, each fold's
+    assert f.where == "m.2" and f.members is None and "(in each of 3 models made anew)" in f.message, f.to_dict()

@@ -88,6 +88,7 @@ def _step_hook(hook):
 ROWS_UNREAD = 100   # an optimizer's per-step rows no read took, in units of `every`, at which one is made (one sync)
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
 END_STOPPED = 10   # a model's optimizer's steps to the run's end since the clock's last, at least, for a handover there
+ONE_OFF_STARTS = 4   # one-step models whose starting weights are kept (a fingerprint each): new weights or copies
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
                        # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
@@ -117,6 +118,7 @@ class Engine:
         self.remade = 0                     # optimizers made again over the same parameters after one step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         self.one_offs = 0                   # ... and of a model let go with it after one step (made anew each step)
+        self.one_off_starts: list = []      # ... the first ones' first-step fingerprints, on the device (model-remade)
         self._one_off_keys: list = []       # the tracks of those, kept until a read has read them
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
@@ -1220,6 +1222,8 @@ class Engine:
         for key in self._one_off_keys[:-1]:
             t = self.tracks.pop(key, None)
             if t is not None:
+                if len(self.one_off_starts) < ONE_OFF_STARTS and t.start is not None:
+                    self.one_off_starts.append(t.start)
                 t.disarm()
                 self.one_offs += 1
         self._one_off_keys = self._one_off_keys[-1:]

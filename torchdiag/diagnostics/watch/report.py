@@ -375,6 +375,7 @@ def _wiring(result: Result, engine) -> None:
                        "frozen on purpose, as a backbone given lr 0; if not, the schedule or the group's lr")
     _idle(result, engine, owners)
     _remade(result, engine)
+    _models_remade(result, engine)
     _unstepped_schedulers(result, engine)
     _clock_note(result, engine)
     _handover_notes(result, engine)
@@ -572,6 +573,30 @@ def _remade(result: Result, engine) -> None:
                    f"the same parameters after a single step {engine.remade} times in {engine.step} steps: its state "
                    "(moment estimates, momentum) starts over at every step",
                    "build the optimizer once, before the loop")
+
+
+def _models_remade(result: Result, engine) -> None:
+    """A new model made at each step, for most of the run, each stepped once and let go (the model built inside the
+    loop): each starts from new weights, so no training builds up. Not said where the models start from the same
+    weights (a copy of one model per batch: an episode each, on purpose) or where the loss fell anyway (each made
+    from the last one's weights, as a state-dict round trip does)."""
+    import torch
+
+    starts = engine.one_off_starts
+    if engine.one_offs < 5 or engine.one_offs < engine.step // 2 or len(starts) < 2 \
+            or any(s.shape != starts[0].shape for s in starts):
+        return
+    if all(torch.equal(s, starts[0]) for s in starts[1:]):
+        return
+    losses = [v for v in engine.series["loss"] if v is not None and math.isfinite(v)]
+    w = window(len(losses))
+    if len(losses) < 2 * w or _fell(losses[:w], losses[-w:]):
+        return
+    first, last = statistics.median(losses[:w]), statistics.median(losses[-w:])
+    result.add("model-remade", "warning", "", f"a new model, from new weights, was made and stepped once at "
+               f"{engine.one_offs + 1} of the run's {engine.step} steps: no training builds up, and the loss did not "
+               f"fall ({first:.4g} → {last:.4g}, medians of the first and last {w} steps)",
+               "build the model (and its optimizer) once, before the loop")
 
 
 def _trains_some(t) -> bool:
@@ -809,9 +834,29 @@ def _dropout_rate(result: Result, engine) -> None:
 
     found = [f for got in engine.checks["dropout_high"].values() for f in got]   # one finding: a model per fold is
     if found:                                                                       # one mistake (a review)
+        found, models = _one_per_remade(found)
         message, hint = said(found)
+        if models > 1:
+            message += f" (in each of {models} models made anew)"
         result.add(CODE, "warning", found[0][0] if len(found) == 1 else common_path([n for n, _ in found]),
                    message, hint, members=[n for n, _ in found] if len(found) > 1 else None)
+
+
+def _one_per_remade(found: list) -> tuple[list, int]:
+    """(name, p) findings of models made anew (labelled `model#0`, `model#1`, … by names.label), one per module of
+    the model: a review saw "18 dropout modules (head.1, head#2.1, …)" for one module of a model made each step.
+    Also: how many models they came from, where more than one."""
+    import re
+
+    kept: dict[str, float] = {}
+    roots: dict[str, set] = {}
+    for name, p in found:
+        root, _, rest = name.partition(".")
+        key = re.sub(r"#\d+$", "", root) + ("." + rest if rest else "")
+        kept[key] = max(p, kept.get(key, p))
+        roots.setdefault(key, set()).add(root)
+    models = max(len(r) for r in roots.values())
+    return ([(k, p) for k, p in kept.items()], models) if models > 1 else (found, 1)
 
 
 def _bn_momentum(result: Result, engine) -> None:
