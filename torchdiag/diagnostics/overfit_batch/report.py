@@ -264,6 +264,7 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
                    f"{_names(zero, limit)}", hint="dead activations or a saturated path upstream; run `torchdiag gradflow`")
     routed = set(causes.zero) - set(zero)   # said as routed-by-input: never stepped, by the batch's routing
     unchanged = [n for n in causes.unchanged if n not in set(curve.missing) and n not in routed]   # (no-grad said it)
+    unchanged = _not_invariant(result, trainer, unchanged)
     if unchanged:
         found += 1
         result.add("unchanged-params", "warning", unchanged[0],
@@ -348,6 +349,44 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
     if missing:
         result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(missing, trainer.work),
                    no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
+
+
+def _not_invariant(result, trainer, names: list[str]) -> list[str]:
+    """Of `names` (never changed), those the loss depends on: the rest are invariant by design, info (core/invariance:
+    a bias a following softmax or batch-statistics normalisation cancels, asked as doctor and gradflow ask it, on a
+    float64 copy as the run started, dropout off as in the run). A sweep: efficientformerv2_s0's talking-head bias, a
+    constant added to every logit of a softmax's row, stayed bit-identical for 52 steps while the batch was
+    memorised, a warning here and info in doctor. Not asked under a wrapper (no extra pass outside its collectives)."""
+    import torch
+
+    from ...core import invariance
+    from ...core.design import dropout_off
+    from ...core.device import has_float64
+    from ...errors import ModelError
+
+    ctx = trainer.ctx
+    if not names or not has_float64(ctx.device) or trainer.group is not None or trainer.sharded:
+        return names
+    try:
+        copy = ctx.train_copy(trainer.work, "to re-check parameters that never changed", torch.float64,
+                              backward=True).double()
+        with torch.no_grad():
+            for n, p in copy.named_parameters():
+                if n in trainer.start and trainer.start[n].shape == p.shape:
+                    p.copy_(trainer.start[n])
+        copy.train(trainer.work.training)
+        dropout_off(copy)
+        found = invariance.cancelled(copy, trainer.batch.map(invariance.double), names, ctx.loss(), ctx)
+    except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
+        result.notes.append(f"parameters that never changed not re-checked for invariance: {exc.message}")
+        return names
+    if found:
+        shown = sorted(found)
+        result.add("invariant", "info", shown[0] if len(shown) == 1 else "",
+                   f"{len(shown)} parameter(s) never changed by design: the loss does not depend on them (shifting "
+                   f"them by random values on a float64 copy leaves it unchanged within 1e-9 of itself, as when a "
+                   f"following normalisation or softmax cancels them): {_names(shown, trainer.opts.max_names)}")
+    return [n for n in names if n not in found]
 
 
 def _routed(result, trainer, missing: list[str], zeros: bool = False) -> list[str]:
