@@ -54,6 +54,11 @@ def no_step(engine, prefix: str = ""):
     sharded = [n for n in (engine.checks.get("unhooked", []) if engine is not None else []) if "fully_shard" in n]
     if sharded:   # its steps ran, over parameters watch does not read (a sweep: "an update written by hand")
         return UsageError(f"{prefix}{sharded[0].split(':')[0]}", sharded[0].split(": ", 1)[1])
+    # watch itself failed before a step counted: exit 4, ours (a review: a compiled LBFGS was "an update written by hand")
+    if engine is not None and engine.broken:
+        from ...errors import DiagError
+
+        return DiagError(f"{prefix}{engine.broken}", "an internal error in torchdiag: please report it")
     if not backwards:
         return UsageError(prefix + NO_STEP, NO_STEP_HINT)
     return UsageError(f"{prefix}no optimizer step was seen, though {backwards} backward pass(es) ran: watch counts "

@@ -66,6 +66,7 @@ def _guarded(hook, uncompiled: bool = False):
                 import torch._dynamo
 
                 eager.append(torch._dynamo.disable(hook, recursive=True))
+                skip_in_dynamo()
             call = eager[0]
         try:
             return call(self, *args, **kwargs)
@@ -268,6 +269,7 @@ class Engine:
             register_optimizer_step_pre_hook,
         )
 
+        skip_in_dynamo()
         if self.opts_given:
             for opt in list(self._given):
                 self._handles.append(opt.register_step_pre_hook(self._pre_step))
@@ -2200,6 +2202,41 @@ def _compiling() -> bool:
     import torch
 
     return bool(torch.compiler.is_compiling())
+
+
+_SKIPPED: list = []   # whether our code was marked for dynamo to skip (once a process)
+
+
+def skip_in_dynamo() -> None:
+    """Mark the code of watch's backward-time hooks for torch.compile to run, not compile: called by autograd while a
+    compiled function runs, they were compiled frame by frame, with guards on each parameter's gradient, to dynamo's
+    recompile limit and a warning the user's plain run does not print (a review: `look` per parameter, and the loss
+    hook, inside a compiled step; 3 graphs became 14). The frames they call are skipped too. A no-op until
+    torch._dynamo is loaded (asked again where a step hook first sees it), and where torch's API for it differs."""
+    if _SKIPPED or "torch._dynamo" not in sys.modules:
+        return
+    _SKIPPED.append(True)
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+        for code in _our_codes():
+            set_code_exec_strategy(code, skip)
+    except (ImportError, AttributeError, TypeError):
+        return
+
+
+def _our_codes():
+    """The code of the hooks autograd calls (a gradient's look and keep, the reach marks, the Tensor.backward wrapper
+    with the loss it sees), never of those a compiled forward traces: marked skipped, dynamo would break the user's
+    graph at them (and refuse fullgraph)."""
+    from . import stats
+
+    for fn, names in ((Engine.attach, ("backward",)), (Engine._probe_eval_output, ("reached",)),
+                      (stats.Track._probe, ("look", "keep"))):
+        yield from (c for c in fn.__code__.co_consts if getattr(c, "co_name", None) in names)
+    yield stats._reach.__code__
 
 
 def compiled(root) -> bool:

@@ -55,7 +55,7 @@ def _bindings(frame) -> list:
     are its real namespace: only read."""
     code = frame.f_code
     snapshots = sys.version_info < (3, 13) and code.co_flags & inspect.CO_OPTIMIZED
-    if snapshots and _reads_locals(code):   # it may hold the snapshot, or exec names into it: not read
+    if snapshots and _reads_locals_of(code):   # it may hold the snapshot, or exec names into it: not read
         return []
     try:
         snapshot = frame.f_locals
@@ -66,6 +66,13 @@ def _bindings(frame) -> list:
         return items
     except Exception:   # a frame's locals that cannot be read: no names from it
         return []
+
+
+def _reads_locals_of(code) -> bool:
+    try:
+        return _reads_locals(code)
+    except TypeError:   # a code object that does not hash: torch.compile's resume functions hold a dict constant
+        return _reads_locals.__wrapped__(code)   # (a review: a compiled LBFGS step stopped watch there)
 
 
 @functools.lru_cache(maxsize=256)

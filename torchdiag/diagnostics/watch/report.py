@@ -108,11 +108,12 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
                             "checked, since hooks added to its layers would be traced into the compiled graph and "
                             "recompile it at every read; steps, loss, gradients and modes are watched")
     if engine.traced_forward and not engine.roots:
-        result.notes.append("the model ran only inside torch.compile'd code (a compiled training step), where watch "
-                            "cannot hook it: its steps, loss and gradients are watched, by their place in the "
-                            "optimizer; the model's own checks (parameters no optimizer holds, eval mode, dead units, "
-                            "names) need it called outside: compile the model (torch.compile(model)), not the step, "
-                            "or pass it (torchdiag.watch(model))")
+        result.notes.append("the trained model's forward ran inside torch.compile'd code (a compiled training step, "
+                            "or a trainer's compiled step), where watch cannot hook it: its steps, loss and gradients "
+                            "are watched, by their place in the optimizer; the model's own checks (parameters no "
+                            "optimizer holds, eval mode, dead units, names) need its forward called outside compiled "
+                            "code (torch.compile(model) called from a plain loop), or the model given "
+                            "(torchdiag.watch(model))")
     if engine.compiled_parts:
         parts = sorted(engine.compiled_parts)
         result.notes.append(f"compiled parts of a watched model ({', '.join(parts[:4])}{' …' if len(parts) > 4 else ''}):"
