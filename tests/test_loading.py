@@ -486,7 +486,9 @@ def test_each_copy_is_asked_room_for_what_its_caller_runs_on_it(monkeypatch):
     calls.clear()
     lin = nn.Linear(100, 10)
     run("overfit-batch", lin, (torch.randn(4, 100),), optimizer="sgd", momentum=0.0, lr=1e-9)
-    assert [c[3] for c in calls] == ["sgd", "adam"], calls   # the run's SGD (no state), then the second opinion's Adam
+    # the run's SGD (no state), the float64 copy that asks whether the loss depends on the weights that never moved
+    # (forward and backward), then the second opinion's Adam
+    assert [c[1:] for c in calls] == [(None, False, "sgd"), (torch.float64, True, None), (None, False, "adam")], calls
     assert OptimizerSpec("sgd", momentum=0.0).states == 0 and OptimizerSpec("adam").states == 2
 
     class Biased(nn.Module):   # lin.bias cancelled in forward: it does not move, and the loss does not depend on it

@@ -963,6 +963,12 @@ def _no_optimizer():
     return None
 
 
+def autograd_hook_codes() -> list:
+    """The code of the hooks autograd calls here (a gradient's look and keep, the reach mark): engine.skip_in_dynamo."""
+    return [c for c in Track._probe.__code__.co_consts if getattr(c, "co_name", None) in ("look", "keep")] \
+        + [_reach.__code__]
+
+
 def _reach(reached: set, param) -> None:
     reached.add(id(param))
 
