@@ -2537,14 +2537,18 @@ def test_an_optimizer_made_again_at_every_step_is_said_when_it_keeps_state(made)
         assert "59 times in 60 steps" in found[0].message and found[0].severity == "warning", found[0].message
 
 
-@pytest.mark.parametrize("made", ["new_weights", "copies", "from_last", "once"])
+@pytest.mark.parametrize("made", ["new_weights", "copies", "from_last", "from_last_slow", "copies_of_trained",
+                                  "once"])
 def test_a_model_made_again_at_every_step_is_said_when_nothing_builds_up(made):
     """A review: a model built inside the loop (each stepped once and let go) was a PASS with a note in the header,
     and its one high dropout "18 dropout modules". Said once it starts from new weights and the loss did not fall:
     not for copies of one model (an episode each, on purpose), nor for models made from the last one's weights (a
-    state-dict round trip: the loss falls), nor for a model made once."""
+    state-dict round trip, its loss falling or, at a tiny rate, not: a second review), nor for copies of a model
+    trained beside them (first-order MAML), nor for a model made once."""
     torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
+    make = functools.partial(nn.Sequential, nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
+    base = make()
+    meta_opt = torch.optim.Adam(base.parameters(), lr=1e-2) if made == "copies_of_trained" else None
     g = torch.Generator().manual_seed(0)
     x, y = _xy(g)
     model, state = base, copy.deepcopy(base.state_dict())
@@ -2552,15 +2556,19 @@ def test_a_model_made_again_at_every_step_is_said_when_nothing_builds_up(made):
         for _ in range(60):
             if made != "once":
                 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
-                if made == "copies":
+                if made in ("copies", "copies_of_trained"):
                     model.load_state_dict(base.state_dict())
-                elif made == "from_last":
+                elif made.startswith("from_last"):
                     model.load_state_dict(state)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-5 if made == "from_last_slow" else 0.1)
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
             state = model.state_dict()
+            if meta_opt is not None:   # the inner step's gradient, applied to the meta-model (first-order MAML)
+                for p, q in zip(base.parameters(), model.parameters()):
+                    p.grad = q.grad.clone()
+                meta_opt.step()
     r = w.result()
     assert ("model-remade" in codes(r)) == (made == "new_weights"), codes(r)
     (drop,) = [f for f in r.findings if f.code == "dropout-rate"]

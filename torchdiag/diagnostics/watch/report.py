@@ -578,26 +578,40 @@ def _remade(result: Result, engine) -> None:
 
 def _models_remade(result: Result, engine) -> None:
     """A new model made at each step, for most of the run, each stepped once and let go (the model built inside the
-    loop): each starts from new weights, so no training builds up. Not said where the models start from the same
-    weights (a copy of one model per batch: an episode each, on purpose) or where the loss fell anyway (each made
-    from the last one's weights, as a state-dict round trip does)."""
-    import torch
-
+    loop): each starts from new weights, so no training builds up. Not said where a model trained through the run
+    beside them (MAML's meta-model, a GAN's generator beside a discriminator made anew), where the models start from
+    the same weights or from nearly the last one's (a copy of one model per episode, a state-dict round trip: a
+    review), or where the loss fell beyond its noise anyway."""
     starts = engine.one_off_starts
     if engine.one_offs < 5 or engine.one_offs < engine.step // 2 or len(starts) < 2 \
             or any(s.shape != starts[0].shape for s in starts):
         return
-    if all(torch.equal(s, starts[0]) for s in starts[1:]):
+    if any(t.stepped >= max(5, engine.step // 2) for t in engine.tracks.values()):
+        return
+    if not all(_apart(a, b) for a, b in zip(starts, starts[1:])):
         return
     losses = [v for v in engine.series["loss"] if v is not None and math.isfinite(v)]
     w = window(len(losses))
     if len(losses) < 2 * w or _fell(losses[:w], losses[-w:]):
         return
     first, last = statistics.median(losses[:w]), statistics.median(losses[-w:])
-    result.add("model-remade", "warning", "", f"a new model, from new weights, was made and stepped once at "
-               f"{engine.one_offs + 1} of the run's {engine.step} steps: no training builds up, and the loss did not "
-               f"fall ({first:.4g} → {last:.4g}, medians of the first and last {w} steps)",
-               "build the model (and its optimizer) once, before the loop")
+    result.add("model-remade", "warning", "", f"{engine.one_offs + 1} models were made anew over the run's "
+               f"{engine.step} steps, each from new weights, stepped once and let go: no training builds up, and the "
+               f"loss shows no fall beyond its noise ({first:.4g} → {last:.4g}, medians of the first and last {w} "
+               "steps)", "build the model (and its optimizer) once, before the loop")
+
+
+APART = 0.05   # model-remade: new weights move some parameter's sum by this share of its norm at least
+
+
+def _apart(a, b) -> bool:
+    """Two first-step fingerprints (norms, sums, half sums per parameter; stats.Track._fingerprint) of models made
+    one after the other: drawn anew (independent draws move a sum by about the norm itself), not a copy or one
+    step on from the last (a move a learning rate's size)."""
+    import torch
+
+    norms = torch.maximum(a[0].abs(), b[0].abs()).clamp_min(1e-12)
+    return bool(((a[1:] - b[1:]).abs() / norms).max() > APART)
 
 
 def _trains_some(t) -> bool:
