@@ -2538,15 +2538,19 @@ def test_an_optimizer_made_again_at_every_step_is_said_when_it_keeps_state(made)
 
 
 @pytest.mark.parametrize("made", ["new_weights", "copies", "from_last", "from_last_slow", "copies_of_trained",
-                                  "once"])
+                                  "widths", "once"])
 def test_a_model_made_again_at_every_step_is_said_when_nothing_builds_up(made):
     """A review: a model built inside the loop (each stepped once and let go) was a PASS with a note in the header,
     and its one high dropout "18 dropout modules". Said once it starts from new weights and the loss did not fall:
     not for copies of one model (an episode each, on purpose), nor for models made from the last one's weights (a
     state-dict round trip, its loss falling or, at a tiny rate, not: a second review), nor for copies of a model
-    trained beside them (first-order MAML), nor for a model made once."""
+    trained beside them (first-order MAML), nor for candidates of other widths (a search: a third review), nor for
+    a model made once. A LayerNorm's bias (0 at the start) is in each, so a step's move of it is no "new weights"."""
     torch.manual_seed(0)
-    make = functools.partial(nn.Sequential, nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
+
+    def make(width=32):
+        return nn.Sequential(nn.Linear(8, width), nn.LayerNorm(width), nn.ReLU(), nn.Dropout(0.9), nn.Linear(width, 2))
+
     base = make()
     meta_opt = torch.optim.Adam(base.parameters(), lr=1e-2) if made == "copies_of_trained" else None
     g = torch.Generator().manual_seed(0)
@@ -2555,7 +2559,7 @@ def test_a_model_made_again_at_every_step_is_said_when_nothing_builds_up(made):
     with Watch(every=10) as w:
         for _ in range(60):
             if made != "once":
-                model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 2))
+                model = make(8 * 2 ** (len(w.engine.models_seen) % 3) if made == "widths" else 32)
                 if made in ("copies", "copies_of_trained"):
                     model.load_state_dict(base.state_dict())
                 elif made.startswith("from_last"):
@@ -2571,9 +2575,11 @@ def test_a_model_made_again_at_every_step_is_said_when_nothing_builds_up(made):
                 meta_opt.step()
     r = w.result()
     assert ("model-remade" in codes(r)) == (made == "new_weights"), codes(r)
+    if made == "new_weights":
+        assert finding(r, "model-remade").message.startswith("60 models were made over the run's 60 steps")
     (drop,) = [f for f in r.findings if f.code == "dropout-rate"]
-    assert drop.where == ("2" if made == "once" else "model.2"), drop.where
-    assert ("in each of 60 models made anew" in drop.message) == (made != "once"), drop.message
+    assert drop.where == ("3" if made == "once" else "model.3"), drop.where
+    assert ("(each in 60 models made one after another)" in drop.message) == (made != "once"), drop.message
 
 
 def test_parameter_with_zero_learning_rate_never_changes():
@@ -8479,4 +8485,4 @@ def test_dropout_rate_is_said_once_for_models_made_per_fold_each_shorter_than_a_
                 loss.backward()
                 opt.step()
     (f,) = [f for f in w.result().findings if f.code == "dropout-rate"]   # one module of the model, each fold's
-    assert f.where == "m.2" and f.members is None and "(in each of 3 models made anew)" in f.message, f.to_dict()
+    assert f.where == "m.2" and f.members is None and "(each in 3 models made one after another)" in f.message, f.to_dict()

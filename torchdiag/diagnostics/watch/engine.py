@@ -119,7 +119,8 @@ class Engine:
         self.remade = 0                     # optimizers made again over the same parameters after one step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         self.one_offs = 0                   # ... and of a model let go with it after one step (made anew each step)
-        self.one_off_starts: list = []      # ... the first ones' first-step fingerprints, on the device (model-remade)
+        self.one_off_starts: list = []      # ... the first ones' (parameter shapes, first-step fingerprints on the
+                                            # device) (model-remade)
         self._one_off_keys: list = []       # the tracks of those, kept until a read has read them
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
@@ -1225,7 +1226,7 @@ class Engine:
             t = self.tracks.pop(key, None)
             if t is not None:
                 if len(self.one_off_starts) < ONE_OFF_STARTS and t.start is not None:
-                    self.one_off_starts.append(t.start)
+                    self.one_off_starts.append(([tuple(p.shape) for p in t.params], t.start))
                 t.disarm()
                 self.one_offs += 1
         self._one_off_keys = self._one_off_keys[-1:]

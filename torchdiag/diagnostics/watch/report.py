@@ -582,9 +582,9 @@ def _models_remade(result: Result, engine) -> None:
     beside them (MAML's meta-model, a GAN's generator beside a discriminator made anew), where the models start from
     the same weights or from nearly the last one's (a copy of one model per episode, a state-dict round trip: a
     review), or where the loss fell beyond its noise anyway."""
-    starts = engine.one_off_starts
+    shapes, starts = [s for s, _ in engine.one_off_starts], [f for _, f in engine.one_off_starts]
     if engine.one_offs < 5 or engine.one_offs < engine.step // 2 or len(starts) < 2 \
-            or any(s.shape != starts[0].shape for s in starts):
+            or any(s != shapes[0] for s in shapes):   # other architectures: a search, one step a candidate
         return
     if any(t.stepped >= max(5, engine.step // 2) for t in engine.tracks.values()):
         return
@@ -595,7 +595,7 @@ def _models_remade(result: Result, engine) -> None:
     if len(losses) < 2 * w or _fell(losses[:w], losses[-w:]):
         return
     first, last = statistics.median(losses[:w]), statistics.median(losses[-w:])
-    result.add("model-remade", "warning", "", f"{engine.one_offs + 1} models were made anew over the run's "
+    result.add("model-remade", "warning", "", f"{len(engine.models_seen)} models were made over the run's "
                f"{engine.step} steps, each from new weights, stepped once and let go: no training builds up, and the "
                f"loss shows no fall beyond its noise ({first:.4g} → {last:.4g}, medians of the first and last {w} "
                "steps)", "build the model (and its optimizer) once, before the loop")
@@ -606,12 +606,13 @@ APART = 0.05   # model-remade: new weights move some parameter's sum by this sha
 
 def _apart(a, b) -> bool:
     """Two first-step fingerprints (norms, sums, half sums per parameter; stats.Track._fingerprint) of models made
-    one after the other: drawn anew (independent draws move a sum by about the norm itself), not a copy or one
-    step on from the last (a move a learning rate's size)."""
+    one after the other: drawn anew (independent draws move a weight's sum by about its norm), not a copy or one step
+    on from the last (a move a learning rate's size). Against the whole model's norm: a bias at 0 has no norm of
+    its own to measure a step against (a review: a LayerNorm's bias made a state-dict round trip "new weights")."""
     import torch
 
-    norms = torch.maximum(a[0].abs(), b[0].abs()).clamp_min(1e-12)
-    return bool(((a[1:] - b[1:]).abs() / norms).max() > APART)
+    whole = torch.maximum(a[0].norm(), b[0].norm()).clamp_min(1e-12)
+    return bool(((a[1:] - b[1:]).abs() / whole).max() > APART)
 
 
 def _trains_some(t) -> bool:
@@ -852,7 +853,7 @@ def _dropout_rate(result: Result, engine) -> None:
         found, models = _one_per_remade(found)
         message, hint = said(found)
         if models > 1:
-            message += f" (in each of {models} models made anew)"
+            message += f" (each in {models} models made one after another)"
         result.add(CODE, "warning", found[0][0] if len(found) == 1 else common_path([n for n, _ in found]),
                    message, hint, members=[n for n, _ in found] if len(found) > 1 else None)
 
