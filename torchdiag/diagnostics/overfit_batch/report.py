@@ -356,7 +356,7 @@ def _not_invariant(result, trainer, names: list[str]) -> list[str]:
     a bias a following softmax or batch-statistics normalisation cancels, asked as doctor and gradflow ask it, on a
     float64 copy as the run started, dropout off as in the run). A sweep: efficientformerv2_s0's talking-head bias, a
     constant added to every logit of a softmax's row, stayed bit-identical for 52 steps while the batch was
-    memorised, a warning here and info in doctor. Not asked under a wrapper (no extra pass outside its collectives)."""
+    memorised, a warning here and info in doctor. Not asked under torchrun (no extra pass outside its collectives)."""
     import torch
 
     from ...core import invariance
@@ -365,7 +365,7 @@ def _not_invariant(result, trainer, names: list[str]) -> list[str]:
     from ...errors import ModelError
 
     ctx = trainer.ctx
-    if not names or not has_float64(ctx.device) or trainer.group is not None or trainer.sharded:
+    if not names or not has_float64(ctx.device) or ctx.wrapper is not None or trainer.sharded:
         return names
     try:
         copy = ctx.train_copy(trainer.work, "to re-check parameters that never changed", torch.float64,

@@ -601,7 +601,7 @@ def _models_remade(result: Result, engine) -> None:
                "steps)", "build the model (and its optimizer) once, before the loop")
 
 
-APART = 0.05   # model-remade: new weights move some parameter's sum by this share of its norm at least
+APART = 0.05   # model-remade: new weights move some parameter's sum by this share of the whole model's norm at least
 
 
 def _apart(a, b) -> bool:
