@@ -2232,16 +2232,11 @@ def _our_codes():
     """The code of the hooks autograd calls (a gradient's look and keep, the reach marks, the Tensor.backward wrapper
     with the loss it sees), never of those a compiled forward traces: marked skipped, dynamo would break the user's
     graph at them (and refuse fullgraph)."""
-    from .stats import autograd_hook_codes
+    from .stats import autograd_hook_codes, nested_codes
 
     for fn, names in ((Engine.attach, ("backward",)), (Engine._probe_eval_output, ("reached",))):
         yield from nested_codes(fn, names)
     yield from autograd_hook_codes()
-
-
-def nested_codes(fn, names: tuple):
-    """The code objects of the functions named `names` defined inside `fn`."""
-    return [c for c in fn.__code__.co_consts if getattr(c, "co_name", None) in names]
 
 
 def compiled(root) -> bool:

@@ -965,8 +965,12 @@ def _no_optimizer():
 
 def autograd_hook_codes() -> list:
     """The code of the hooks autograd calls here (a gradient's look and keep, the reach mark): engine.skip_in_dynamo."""
-    return [c for c in Track._probe.__code__.co_consts if getattr(c, "co_name", None) in ("look", "keep")] \
-        + [_reach.__code__]
+    return nested_codes(Track._probe, ("look", "keep")) + [_reach.__code__]
+
+
+def nested_codes(fn, names: tuple) -> list:
+    """The code objects of the functions named `names` defined inside `fn`."""
+    return [c for c in fn.__code__.co_consts if getattr(c, "co_name", None) in names]
 
 
 def _reach(reached: set, param) -> None:
