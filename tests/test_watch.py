@@ -3322,6 +3322,28 @@ def test_a_compiled_part_of_a_watched_model_is_not_probed():
     assert [n for n in r.notes if n.startswith("compiled parts of a watched model (2)")], r.notes
 
 
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_watched_model_the_loop_compiles_whole_trains_and_its_eval_mode_is_seen(fullgraph):
+    """A review: Watch(model, opt) with the loop calling torch.compile(model, fullgraph=True) raised in the user's
+    forward (the hook's read of a WeakValueDictionary cannot be traced, and fullgraph forbids the break). Traced
+    whole, the hook keeps the model's mode alone, as constants: no graph beyond the two modes' own."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="eager", fullgraph=fullgraph)
+    calls = []
+
+    def run(x):
+        calls.append(1)
+        if len(calls) == 21:
+            model.eval()
+        return compiled(x)
+
+    r, graphs = _watched_graphs(model, run, 30, every=10)
+    assert r.data["steps"] == 30 and not any("stopped" in n for n in r.notes)
+    assert graphs == 2 and codes(r) == {"trained-in-eval-mode"}
+    assert "10 of 30 steps" in finding(r, "trained-in-eval-mode").message and "first: step 21" in \
+        finding(r, "trained-in-eval-mode").message
+
+
 def _watched_graphs(model, run, steps: int, every: int):
     """(the result of `model` watched while the loop calls `run`, the graphs torch.compile made meanwhile)."""
     import torch._dynamo

@@ -31,7 +31,7 @@ from .children import Children
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .frozen import LATER, frozen_probe, passed_through, recomputed, take, worth_asking
-from .hooks import hook_root
+from .hooks import ModuleHook, hook_root
 from .names import label, user_names
 from .options import Options
 from .schedulers import SchedulerCalls
@@ -167,6 +167,7 @@ class Engine:
                                                   # larger (an epoch's last batch: drop_last=False)
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
+        self._pre_marks: dict[int, ModuleHook] = {}    # id(root) -> its pre-hook, which keeps what a fullgraph trace allows
         self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
         self._inner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(root) -> the user's module
         self._root_refs: dict[int, weakref.ref] = {}   # id(root) -> a weak reference whose callback notes its end
@@ -422,7 +423,8 @@ class Engine:
 
         if _compiling():   # nothing of ours in a compiled graph (a review: traced in script mode, the graph-task
             # read broke the script's graph 5 times and ran its dropout eagerly); with models given, the hooks stay
-            self._inert = self._inert or self._given_models   # till the end, inert (their going would recompile)
+            if self._given_models:   # till the end, inert (their going would recompile); written, not read: a read
+                self._inert = True   # is a guard, which the write fails once (a recompile)
             self.traced_forward = True
             return
         if self._given_models and self._inert:
@@ -549,7 +551,8 @@ class Engine:
             # (a review); kept by the model's order, not its id, which a later model may take (a review)
             self.checks["dropout_high"][self._order[id(root)]] = dropping_most(inner(root), self.root_prefix(root))
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
-        self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
+        handle = hook_root(root, self._root_pre, self._root_post)
+        self._root_handles[id(root)], self._pre_marks[id(root)] = [handle], handle.mark
         if compiled(root):
             self._unhooked("a torch.compile'd model: watch hooks its outer module (steps, loss, "
                                            "gradients, modes); dead units are not checked: compiled code does not "
@@ -1178,6 +1181,7 @@ class Engine:
             rid = self._dead_roots.pop()
             for h in self._root_handles.pop(rid, []):
                 h.remove()
+            self._pre_marks.pop(rid, None)
             self._root_refs.pop(rid, None)
             self._probes.pop(rid, None)
             self._eval_roots.pop(rid, None)
@@ -1592,6 +1596,9 @@ class Engine:
         """A backward: the roots called since the last one fed it, each in the mode of its last call, or-ed with what
         earlier backwards since the last step gave (a review: one micro-batch of four run in eval was missed unless it
         was the last)."""
+        for r, mark in self._pre_marks.items():
+            if mark.trained is not None:
+                self._traced_call(r, mark)
         for r, c in self._called.items():
             if c > self._fed_mark:
                 # (a root not adopted yet, found at the first step: its mode as discovery saw it)
@@ -1599,6 +1606,18 @@ class Engine:
                 before = self._fed_calls.get(r, 0) > self._step_mark and self._fed_mode.get(r, False)
                 self._fed_calls[r], self._fed_mode[r] = c, mode or before
         self._fed_mark = self._calls
+
+    def _traced_call(self, r: int, mark: ModuleHook) -> None:
+        """A forward of root `r` traced whole into a compiled graph (torch.compile(model, fullgraph=True)): the hook
+        could keep its mode alone, as of its last call with grad on (hooks.ModuleHook). Counted here as a call, at the
+        backward it fed; the rest of _root_pre (the batch, a replay's input, dead units) is not known."""
+        self._eval_roots[r] = not mark.trained
+        mark.trained = None
+        self._calls += 1
+        self._called[r], self.called_at[r] = self._calls, self.step
+        if not self._eval_roots[r]:
+            self._train_called[r] = self._calls
+        self.run_compiled = True
 
     def _bad_here(self, track: Track, is_clock: bool) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite

@@ -26,17 +26,24 @@ class ModuleHook:
       for another module, it does nothing (the engine stopped with a KeyError).
     - Copied or pickled by a pickler with a dispatch table of its own, it becomes one that does nothing and takes
       itself off the copy at its first call (deepcopy copied the whole engine; torch.save raised)."""
-    __slots__ = ("fn", "owner")
+    __slots__ = ("fn", "owner", "trained")
 
     def __init__(self, fn=None, owner=None):
         # an id, not a weak reference: torch.compile traces hooks, and a weak reference's call breaks its graph
         self.fn, self.owner = fn, id(owner) if owner is not None else None
+        self.trained: bool | None = None   # the mode of its last forward with grad on traced whole (_traced_whole)
 
     def __call__(self, module, *args, **kwargs):
         if self.fn is None:
             _drop(module, inert_only=True)   # not the live ones of a watch that hooks the copy itself
             return None
         if id(module) != self.owner:
+            return None
+        import torch
+
+        if torch.compiler.is_compiling() and _one_graph():   # the engine takes the mode at the next backward
+            if torch.is_grad_enabled():   # (Engine._feed); constants under the graph's guards, set at every call
+                self.trained = module.training
             return None
         return self.fn(module, *args, **kwargs)
 
@@ -52,6 +59,7 @@ class RootHandle:
 
     def __init__(self, root, handles: list):
         self.root, self.cls, self.handles = weakref.ref(root), type(root), handles
+        self.mark: ModuleHook | None = None   # the pre-hook: what it kept of forwards traced whole
 
     def remove(self) -> None:
         for h in self.handles:
@@ -63,8 +71,10 @@ class RootHandle:
 
 def hook_root(root, pre, post) -> RootHandle:
     """`pre` and `post` as `root`'s forward pre-hook (with kwargs) and forward hook (always called)."""
-    handle = RootHandle(root, [root.register_forward_pre_hook(ModuleHook(pre, root), with_kwargs=True),
+    mark = ModuleHook(pre, root)
+    handle = RootHandle(root, [root.register_forward_pre_hook(mark, with_kwargs=True),
                                root.register_forward_hook(ModuleHook(post, root), always_call=True)])
+    handle.mark = mark
     _live.add(handle)
     cls = type(root)
     models, before = _claims.get(cls, (0, None))
@@ -75,6 +85,23 @@ def hook_root(root, pre, post) -> RootHandle:
     copyreg.dispatch_table[cls] = _reduce
     _wrap_script()
     return handle
+
+
+def _one_graph() -> bool:
+    """Is the hook that asks being traced into a graph that must not break (torch.compile(fullgraph=True), dynamo's
+    error_on_graph_break, a higher-order op's body)? Then none of the engine's code can run in it (a
+    WeakValueDictionary's read raised in the user's forward): the hook keeps the model's mode alone. A graph that may
+    break runs the engine's hook eagerly, through the break. Called by dynamo while it traces, its answer a constant."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        return bool(tx.one_graph or tx.error_on_graph_break or tx.output.current_tracer.parent is not None)
+    except Exception:   # another torch: the hook that can run anywhere
+        return True
+
+
+_one_graph._dynamo_marked_constant = True   # type: ignore[attr-defined]  # dynamo calls it while tracing, as a constant
 
 
 def _release(cls: type) -> None:
