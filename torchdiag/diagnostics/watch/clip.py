@@ -24,8 +24,30 @@ import warnings
 import weakref
 from typing import Any, NamedTuple
 
+from .hooks import one_graph
+
 ORIGINAL = "_torchdiag_original"   # on a wrapper: the function it wraps
 OWNER = "_torchdiag_owner"         # on a wrapper: its ClipNorms, weakly (closed or gone: a pass-through)
+
+
+def _record(me: ClipNorms, *args, **kwargs) -> None:
+    """`me._saw(...)`, run eagerly where the loop compiles the clipping: traced, its ids of the gradients were guards on
+    each gradient's identity, which a new gradient fails at every step (zero_grad sets them to None): dynamo recompiled
+    the step to its limit (a review: 3.0 → 7.1 s for 60 steps). A graph that may not break does without it: the norm
+    watched there stays the clipped one."""
+    import torch
+
+    if not torch.compiler.is_compiling():
+        me._saw(*args, **kwargs)
+    elif not one_graph():
+        if not _EAGER:
+            import torch._dynamo
+
+            _EAGER.append(torch._dynamo.disable(ClipNorms._saw, recursive=True))
+        _EAGER[0](me, *args, **kwargs)
+
+
+_EAGER: list = []   # ClipNorms._saw under torch._dynamo.disable, made at the first compiled clipping
 
 
 class ClipNorms:
@@ -55,7 +77,7 @@ class ClipNorms:
             if not params and isinstance(parameters, types.GeneratorType):   # torch's warning, at the user's line
                 warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
             total = original(params, max_norm, norm_type, *args, **kwargs)
-            me._saw(total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type,
+            _record(me, total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type,
                     max_norm=max_norm)
             return total
 
@@ -69,7 +91,7 @@ class ClipNorms:
                     return total_norm(tensors, norm_type, *args, **kwargs)
                 grads = [tensors] if _is_tensor(tensors) else list(tensors)
                 total = total_norm(grads, norm_type, *args, **kwargs)
-                me._saw(total, grads, norm_type, max_norm=float("inf"))   # measured, not clipped: a factor of 1
+                _record(me, total, grads, norm_type, max_norm=float("inf"))   # measured, not clipped: a factor of 1
                 return total
 
             self._install(get_total_norm, total_norm, "get_total_norm", (utils,))
@@ -85,7 +107,7 @@ class ClipNorms:
             grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
             with contextlib.suppress(Exception):   # grads on several devices: not measured, the watched norm stays
                 each = _norms(grads)
-                me._saw(_l2(each), grads, 2.0, each=each)
+                _record(me, _l2(each), grads, 2.0, each=each)
             return by_value(params, clip_value, *args, **kwargs)
 
         self._install(clip_grad_value_, by_value, "clip_grad_value_", (clip_grad, utils))

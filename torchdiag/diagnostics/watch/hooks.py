@@ -41,7 +41,7 @@ class ModuleHook:
             return None
         import torch
 
-        if torch.compiler.is_compiling() and _one_graph():   # the engine takes the mode at the next backward
+        if torch.compiler.is_compiling() and one_graph():   # the engine takes the mode at the next backward
             if torch.is_grad_enabled():   # (Engine._feed); constants under the graph's guards, set at every call
                 self.trained = module.training
             return None
@@ -87,7 +87,7 @@ def hook_root(root, pre, post) -> RootHandle:
     return handle
 
 
-def _one_graph() -> bool:
+def one_graph() -> bool:
     """Is the hook that asks being traced into a graph that must not break (torch.compile(fullgraph=True), dynamo's
     error_on_graph_break, a higher-order op's body)? Then none of the engine's code can run in it (a
     WeakValueDictionary's read raised in the user's forward): the hook keeps the model's mode alone. A graph that may
@@ -101,7 +101,7 @@ def _one_graph() -> bool:
         return True
 
 
-_one_graph._dynamo_marked_constant = True   # type: ignore[attr-defined]  # dynamo calls it while tracing, as a constant
+one_graph._dynamo_marked_constant = True   # type: ignore[attr-defined]  # dynamo calls it while tracing, as a constant
 
 
 def _release(cls: type) -> None:
