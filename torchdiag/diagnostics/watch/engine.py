@@ -1597,7 +1597,7 @@ class Engine:
         earlier backwards since the last step gave (a review: one micro-batch of four run in eval was missed unless it
         was the last)."""
         for r, mark in self._pre_marks.items():
-            if mark.trained is not None:
+            if mark.train_seen or mark.eval_seen:
                 self._traced_call(r, mark)
         for r, c in self._called.items():
             if c > self._fed_mark:
@@ -1608,11 +1608,13 @@ class Engine:
         self._fed_mark = self._calls
 
     def _traced_call(self, r: int, mark: ModuleHook) -> None:
-        """A forward of root `r` traced whole into a compiled graph (torch.compile(model, fullgraph=True)): the hook
-        could keep its mode alone, as of its last call with grad on (hooks.ModuleHook). Counted here as a call, at the
-        backward it fed; the rest of _root_pre (the batch, a replay's input, dead units) is not known."""
-        self._eval_roots[r] = not mark.trained
-        mark.trained = None
+        """Forwards of root `r` traced whole into a compiled graph (torch.compile(model, fullgraph=True)) since the last
+        backward: the hook could keep their modes alone, those with grad on (hooks.ModuleHook). Counted here as one
+        call, at the backward it fed, in eval mode only when none was in train mode (which fed the backward is not
+        known there: a metric's eval forward between the training forward and its backward is not a step in eval);
+        the rest of _root_pre (the batch, a replay's input, dead units) is not known."""
+        self._eval_roots[r] = not mark.train_seen
+        mark.train_seen = mark.eval_seen = False
         self._calls += 1
         self._called[r], self.called_at[r] = self._calls, self.step
         if not self._eval_roots[r]:

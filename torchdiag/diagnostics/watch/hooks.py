@@ -26,12 +26,12 @@ class ModuleHook:
       for another module, it does nothing (the engine stopped with a KeyError).
     - Copied or pickled by a pickler with a dispatch table of its own, it becomes one that does nothing and takes
       itself off the copy at its first call (deepcopy copied the whole engine; torch.save raised)."""
-    __slots__ = ("fn", "owner", "trained")
+    __slots__ = ("fn", "owner", "train_seen", "eval_seen")
 
     def __init__(self, fn=None, owner=None):
         # an id, not a weak reference: torch.compile traces hooks, and a weak reference's call breaks its graph
         self.fn, self.owner = fn, id(owner) if owner is not None else None
-        self.trained: bool | None = None   # the mode of its last forward with grad on traced whole (_traced_whole)
+        self.train_seen = self.eval_seen = False   # forwards with grad on traced whole (one_graph), by mode
 
     def __call__(self, module, *args, **kwargs):
         if self.fn is None:
@@ -39,11 +39,12 @@ class ModuleHook:
             return None
         if id(module) != self.owner:
             return None
-        import torch
-
-        if torch.compiler.is_compiling() and one_graph():   # the engine takes the mode at the next backward
-            if torch.is_grad_enabled():   # (Engine._feed); constants under the graph's guards, set at every call
-                self.trained = module.training
+        if one_graph():   # the engine takes the modes at the next backward (Engine._feed); constants written under
+            if _grad_on():   # the graph's guards (the grad mode, the module's flag), at every call, never read there
+                if module.training:
+                    self.train_seen = True
+                else:
+                    self.eval_seen = True
             return None
         return self.fn(module, *args, **kwargs)
 
@@ -91,7 +92,13 @@ def one_graph() -> bool:
     """Is the hook that asks being traced into a graph that must not break (torch.compile(fullgraph=True), dynamo's
     error_on_graph_break, a higher-order op's body)? Then none of the engine's code can run in it (a
     WeakValueDictionary's read raised in the user's forward): the hook keeps the model's mode alone. A graph that may
-    break runs the engine's hook eagerly, through the break. Called by dynamo while it traces, its answer a constant."""
+    break runs the engine's hook eagerly, through the break. Called by dynamo while it traces, its answer a constant;
+    asked whole in here (a traced `torch.compiler.is_compiling()` in the hook moved the graph's breaks: the eval-mode
+    probe of a graph that may break was lost, a review's false trained-in-eval-mode)."""
+    import torch
+
+    if not torch.compiler.is_compiling():
+        return False
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -101,7 +108,15 @@ def one_graph() -> bool:
         return True
 
 
-one_graph._dynamo_marked_constant = True   # type: ignore[attr-defined]  # dynamo calls it while tracing, as a constant
+def _grad_on() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+# dynamo calls them while tracing, their answers constants (the grad mode is among every graph's guards)
+one_graph._dynamo_marked_constant = True   # type: ignore[attr-defined]
+_grad_on._dynamo_marked_constant = True    # type: ignore[attr-defined]
 
 
 def _release(cls: type) -> None:
