@@ -19,7 +19,7 @@ EXAMPLE = """Examples:
 Status per parameter: ok · frozen (info) · no-grad (unused | detached: error) · zero-grad (error) ·
 exploding-grad (error) · vanishing-grad (warning) · non-finite-grad (error); a flagged gradient re-checked with a short training run on a copy can
 become info: by-design-init, zero-init, adaptive-step, bounded-step, transient-grad, small-weight, small-term, cancelled,
-loss-scale.
+loss-scale, closed-on-batch.
 Activation warnings:
 dead-units (ReLU family), saturated (tanh/sigmoid family). Exit 1 on any error; warnings fail only
 with --strict. Exit 2 usage, 3 the model raised, 4 torchdiag bug."""

@@ -386,6 +386,33 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], 
     return _ask(work, resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES), names, ctx, nonzero, saturated)
 
 
+OPEN_BATCHES = 8   # fresh batches a zero gradient of the batch alone is asked about (open_elsewhere)
+
+
+def open_elsewhere(work, inputs, names: list[str], ctx) -> tuple[dict[str, int], int]:
+    """For each of `names` (a gradient all zeros on the batch), how many of OPEN_BATCHES fresh batches of the inputs'
+    kind (core/fresh.resampled_batches) give it a finite gradient not all zeros on `work`, and how many batches ran
+    (0: the batch cannot be resampled, one sample or all alike). One seeded pass and one read-back per batch."""
+    from ..errors import ModelError
+    from .fresh import resampled_batches
+
+    batches = resampled_batches(inputs, ctx.seed, OPEN_BATCHES * (inputs.batch_size or 1), one_table(work, inputs))
+    counts = dict.fromkeys(names, 0)
+    runs = refused = 0
+    for batch in batches[:OPEN_BATCHES]:
+        try:
+            got = _ask(work, [batch], names, ctx, True, ())
+        except ModelError:   # a batch the forward refuses reaches nothing; the first ones all refused: raised
+            refused += 1
+            if refused == REFUSED_FIRST and not runs:
+                raise
+            continue
+        runs += 1
+        for n in got.reached:
+            counts[n] += 1
+    return counts, runs
+
+
 REFUSED_FIRST = 3   # fresh batches the forward refuses, all of the first ones, before the re-check gives up
 
 

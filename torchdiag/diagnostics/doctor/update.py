@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...core import invariance, repeats, train
+from ...core import gates, invariance, repeats, train
 from ...core import rounding as rounding_rule
 from ...core.design import stochastic_depth_off
 from ...core.distributed import local_shard
@@ -31,6 +31,7 @@ from ...core.unreached import (
     no_grad_message,
     not_reached,
     not_reached_message,
+    open_elsewhere,
     reached_by_other_draws,
     reached_by_other_inputs,
     routed_message,
@@ -108,6 +109,8 @@ def update_check(probe: Probe) -> None:
                                {n for n, _ in with_grad if n not in zero},
                                [n for n, _, _ in bad if n in zero and n not in selected])
         bad = [b for b in bad if b[0] not in routed]
+        closed = _closed_on_batch(probe, before, [n for n, _, _ in bad if n in zero])
+        bad = [b for b in bad if b[0] not in closed]
     _report_not_updated(bad, kinds, work, ck, result)
     if not bad and not broken:
         quiet = probe.result.data.get("params_not_reached") or []
@@ -264,6 +267,35 @@ def _routed_zeros(probe: Probe, before: dict, names: list[str], ran: set[str], s
         probe.result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",
                          routed_message(sorted(fresh.reached), fresh.runs, zeros=True), hint=ROUTED_HINT)
     return fresh.reached
+
+
+def _closed_on_batch(probe: Probe, before: dict, names: list[str]) -> set[str]:
+    """Of the `names` whose gradient stays all zeros and no routing explains, those most fresh batches of the inputs'
+    kind give a gradient on a copy after a short training run (core/unreached.open_elsewhere): a unit on the path
+    shut for every sample of this batch alone. closed-on-batch (info), as gradflow says it. Not in eval mode."""
+    if not names or not probe.work.training:
+        return set()
+    from .gated import initial_copy
+
+    try:
+        copy = initial_copy(probe.work, before, ctx=probe.ctx)
+        copy.train()
+        stochastic_depth_off(copy)
+        gates.train_steps(copy, probe.inputs, probe.ctx, gates.STEPS)
+        counts, runs = open_elsewhere(copy, probe.inputs, names, probe.ctx)
+    except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
+        probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs after a "
+                                  f"short training run: {exc.message}")
+        return set()
+    closed = sorted(n for n in names if runs and 2 * counts[n] >= runs)
+    if closed:
+        probe.result.add("closed-on-batch", "info", repeats.common_path(closed) or "(root)",
+                         f"{len(closed)} parameter tensor(s) ({', '.join(closed[:6])}{' …' if len(closed) > 6 else ''})"
+                         f" get a gradient of zeros only on this batch: after a short training run on a copy "
+                         f"({gates.STEPS} optimizer steps), at least half of {runs} fresh batches of the inputs' kind "
+                         "give each a gradient; a unit on their path (a ReLU, a gate) is shut for every sample of this "
+                         "batch", hint="judge them on more data: --batch, a larger -b")
+    return set(closed)
 
 
 def _recheck(probe: Probe, zero, sources) -> dict[str, str]:

@@ -186,6 +186,7 @@ DESIGN_TITLES = {
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
     "routed-by-input": "got no gradient only because the batch routed no input to them",
+    "closed-on-batch": "get a gradient of zeros only on this batch",
     "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
     "bounded-step": "have a large grad/weight ratio, but the run's optimizer steps them no further than the rest of "
                     "the model",
@@ -304,7 +305,10 @@ def _why(kind, cause) -> str:
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient",
             "routed-by-input": "the forward routes each input to some of its parts (an MoE router); fresh inputs of "
-                               "the batch's kind, on a copy, give them a gradient: a larger batch reaches them"}.get(kind, "")
+                               "the batch's kind, on a copy, give them a gradient: a larger batch reaches them",
+            "closed-on-batch": "after a short training run on a copy, most fresh batches of the inputs' kind give them "
+                               "a gradient: a unit on their path (a ReLU, a gate) is closed for every sample of this "
+                               "batch; judge them on more data (--batch, a larger -b)"}.get(kind, "")
 
 
 def _common(members) -> str:

@@ -17,6 +17,7 @@ from ...core.unreached import (
     NOT_REACHED,
     ROUTED_BY_INPUT,
     made_up_padding,
+    open_elsewhere,
     padding_why,
     reached_by_other_inputs,
 )
@@ -33,6 +34,7 @@ TRANSIENT = "transient-grad"   # a large gradient of the starting point that a f
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
 LOSS_SCALE = "loss-scale"      # a large gradient the made-up loss's reading of the output's scale makes
 TERM = "small-term"            # a large grad/weight of a parameter that is a small part of its module's output
+CLOSED = "closed-on-batch"     # a zero gradient of this batch alone: fresh inputs give one (after the short run)
 CANCELLED = "cancelled"        # a small gradient of a parameter whose move at its module's output the loss ignores
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
@@ -123,6 +125,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     selected = [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")]
     saturated = [r["name"] for r in flagged if r["status"] == "zero-grad" and r not in selected]
     _routed_zeros(model, inputs, selected, ran(rows), saturated, result, opts, ctx, prepare)
+    _closed_on_batch(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], rc.steps, result, opts, ctx,
+                     prepare)
     _transient_saturation(sat, rc)
     for f in dead:
         v = rc.verdicts[f.where]
@@ -232,6 +236,34 @@ def _routed_zeros(model, inputs, rows, ran: set[str], saturated: list[str], resu
     result.notes.append(f"{len(rows)} zero gradient(s) re-checked on a copy with {fresh.runs} fresh batch(es) of the "
                         f"inputs' kind: {len(fresh.reached)} not zero there" + (f"; {fresh.said()}" if fresh.said() else ""))
     mark(rows, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
+
+
+def _closed_on_batch(model, inputs, rows, steps: int, result, opts, ctx, prepare) -> None:
+    """Exactly-zero gradients the short run kept and no routing explains, that most fresh batches of the inputs' kind
+    make non-zero on the copy the short run trained (its zero-initialised gates opened first): a unit on the path
+    closed for every sample of this batch and open for other inputs (timm's sehalonet33ts: the 8 ReLU units of a
+    squeeze-excite block all zero on the 2 samples, its two linears zero-grad errors, while 2 of 8 are dead on fresh
+    samples). closed-on-batch (info) when at least half of the fresh batches give a gradient: a rare input's (a
+    softmax saturated to one-hot whose top logits nearly tie) does not count. Not in eval mode."""
+    if not rows or opts.eval_mode:
+        return
+    try:
+        work = gates.trained_copy(model, inputs, ctx, steps, opts.eval_mode, prepare)
+        counts, runs = open_elsewhere(work, inputs, [r["name"] for r in rows], ctx)
+    except ModelError as exc:
+        result.notes.append(f"zero gradients not re-checked with fresh inputs after a short training run: {exc.message}")
+        return
+    if not runs:
+        return
+    result.notes.append(f"{len(rows)} zero gradient(s) re-checked with {runs} fresh batch(es) of the inputs' kind on a "
+                        f"copy after a short training run ({steps} optimizer steps on the batch)")
+    for r in rows:
+        if 2 * counts[r["name"]] >= runs:
+            r.update(status=CLOSED, allowed=False, design={"kind": CLOSED, "why": (
+                f"its gradient is exactly zero on this batch, still after a short training run on a copy ({steps} "
+                f"optimizer steps), and not on other inputs of the same kind: {counts[r['name']]} of {runs} fresh "
+                "batches give it a gradient on that copy. A unit on its path (a ReLU, a gate) is closed for every "
+                "sample of this batch; judge it on more data (--batch, a larger -b)")})
 
 
 def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):

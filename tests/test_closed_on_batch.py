@@ -1,0 +1,77 @@
+"""Zero gradients of the batch alone (a sweep: timm's sehalonet33ts failed gradflow with two zero-grad errors, the
+linears of a squeeze-excite block whose 8 ReLU units were all zero on the 2 samples, while 2 of 8 are dead on fresh
+samples). After the short training run, most fresh batches of the inputs' kind give them a gradient: closed-on-batch,
+info. A unit closed for every input keeps its error."""
+import pytest
+import torch
+from torch import nn
+
+from torchdiag.api import run
+
+
+class Squeeze(nn.Module):
+    """A gate over the body's features, made by fc1 -> ReLU -> fc2 -> sigmoid. Unit k of the ReLU reads features 2k
+    and 2k+1 and opens only where both are 1: each sample of the batch has one of them at -1, so every unit is shut on
+    it, while a fresh sample (its features drawn from either sample of the batch) opens unit k with chance 1/4.
+    `shut`: the bias far below anything the inputs reach, every unit shut for every input (a real bug)."""
+
+    def __init__(self, shut: bool = False):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 8)
+        with torch.no_grad():
+            self.fc1.weight.zero_()
+            for k in range(4):
+                self.fc1.weight[k, 2 * k] = self.fc1.weight[k, 2 * k + 1] = 1.0
+            self.fc1.bias.fill_(-100.0 if shut else -1.5)
+
+    def forward(self, x):
+        return self.head(self.body(x) * torch.sigmoid(self.fc2(self.act(self.fc1(x)))))
+
+
+BATCH = torch.tensor([[1.0, -1.0] * 4, [-1.0, 1.0] * 4])
+GATED = {"fc1.weight", "fc1.bias", "fc2.weight"}   # fc2.bias is added after the ReLU: its gradient flows
+
+
+def _grads(model, x) -> dict[str, float]:
+    model.zero_grad()
+    model(x).square().mean().backward()
+    return {n: float(p.grad.abs().max()) for n, p in model.named_parameters()}
+
+
+def test_the_case_is_real():
+    """The batch leaves exactly the gated parameters at zero; a fresh sample with both features of a unit at 1
+    gives them a gradient."""
+    torch.manual_seed(0)
+    model = Squeeze()
+    assert {n for n, g in _grads(model, BATCH).items() if g == 0} == GATED
+    fresh = torch.tensor([[1.0, 1.0] + [-1.0, 1.0] * 3, [-1.0, 1.0] * 4])
+    assert all(_grads(model, fresh)[n] > 0 for n in GATED)
+
+
+@pytest.mark.parametrize("shut", [False, True], ids=["closed-on-batch", "shut-for-all"])
+def test_doctor_says_it_as_gradflow_does(shut):
+    torch.manual_seed(0)
+    res = run("doctor", Squeeze(shut), (BATCH,))
+    codes = {f.code: f for f in res.findings}
+    if shut:
+        said = " ".join(f.message for f in res.findings if f.code == "param-not-updated")
+        assert res.exit_code == 1 and all(n in said for n in GATED) and "closed-on-batch" not in codes
+        return
+    assert res.exit_code == 0 and "param-not-updated" not in codes, [f.message for f in res.findings]
+    assert codes["closed-on-batch"].severity == "info" and all(n in codes["closed-on-batch"].message for n in GATED)
+
+
+@pytest.mark.parametrize("shut", [False, True], ids=["closed-on-batch", "shut-for-all"])
+def test_zero_gradients_of_the_batch_alone_are_info_and_a_unit_shut_for_all_stays_an_error(shut):
+    torch.manual_seed(0)
+    res = run("gradflow", Squeeze(shut), (BATCH,))
+    rows = {r["name"]: r["status"] for r in res.table("params").rows}
+    if shut:
+        assert res.exit_code == 1 and {n for n, s in rows.items() if s == "zero-grad"} == GATED
+        return
+    assert res.exit_code == 0 and {n for n, s in rows.items() if s == "closed-on-batch"} == GATED, rows
+    found = [f for f in res.findings if f.code == "closed-on-batch"]
+    assert len(found) == 1 and found[0].severity == "info"
+    assert "fresh batches" in found[0].message and "--batch" in found[0].message
+    assert not [f for f in res.findings if f.code == "zero-grad"]
