@@ -1592,6 +1592,28 @@ def test_the_target_row_names_a_language_models_next_tokens():
     assert "next-token cross_entropy" in r.header["loss"]
 
 
+class _Classifier(nn.Module):
+    """Token ids in, one row of class logits per sequence out (a sequence-classification head): no next tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, 8), nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+def test_the_target_row_names_no_next_tokens_for_a_head_that_does_not_predict_them():
+    """A sweep: BertForSequenceClassification's checklist said "the next tokens of input[0] (a language model) are
+    the targets" beside a header's cross_entropy against random class targets: token ids feeding an embedding are not
+    enough, the output must be their next-token logits."""
+    torch.manual_seed(0)
+    r = _doctor_findings(_Classifier(), torch.randint(0, 50, (4, 16)))
+    (row,) = [row for row in r.table("checks").rows if row["id"] == "target"]
+    assert row["verdict"] == "no targets given (random valid ones used)", row
+    assert r.header["loss"].startswith("cross_entropy") and "next-token" not in r.header["loss"]
+
+
 def _bn_net(momentum):
     return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=momentum), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))

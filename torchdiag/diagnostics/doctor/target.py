@@ -16,7 +16,10 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
         ck.row("target", "ok", "the model computes its own loss (output['loss'], from the labels it was given)")
         return False
     lm = getattr(loss, "lm", None)
-    if target is None and lm is not None:   # (a new user: "random valid ones used" beside a header's next tokens)
+    # (a new user: "random valid ones used" beside a header's next tokens); only where the output is next-token
+    # logits of those ids (a sweep: a sequence-classification head's (N, C) logits were said to train on next tokens)
+    y = primary_output(eval_out)[0] if lm is not None else None
+    if target is None and lm is not None and isinstance(y, torch.Tensor) and lm.fits(y):
         ck.row("target", "ok", f"no targets given: the next tokens of {lm.name} (a language model) are the targets")
         return False
     if target is None or not isinstance(target, torch.Tensor):
