@@ -1,12 +1,15 @@
 """Zero gradients of the batch alone (a sweep: timm's sehalonet33ts failed gradflow with two zero-grad errors, the
 linears of a squeeze-excite block whose 8 ReLU units were all zero on the 2 samples, while 2 of 8 are dead on fresh
-samples). After the short training run, most fresh batches of the inputs' kind give them a gradient: closed-on-batch,
-info. A unit closed for every input keeps its error."""
+samples). After the short training run, fresh draws of torchdiag's own inputs give them a gradient for at least a
+quarter of the samples: closed-on-batch, info. A unit closed for every input keeps its error, and so does one shut on
+a user's own batch (mixing its entries makes inputs the data may never have: a review's one-hot DNA)."""
 import pytest
 import torch
 from torch import nn
 
 from torchdiag.api import run
+from torchdiag.core.inputs import ModelInputs
+from torchdiag.core.unreached import open_often
 
 
 class Squeeze(nn.Module):
@@ -33,6 +36,11 @@ BATCH = torch.tensor([[1.0, -1.0] * 4, [-1.0, 1.0] * 4])
 GATED = {"fc1.weight", "fc1.bias", "fc2.weight"}   # fc2.bias is added after the ReLU: its gradient flows
 
 
+def _made_up(x) -> ModelInputs:
+    """`x` as torchdiag's own -i inputs are (random values it drew), not a user's batch."""
+    return ModelInputs((x,), {}, "--input")
+
+
 def _grads(model, x) -> dict[str, float]:
     model.zero_grad()
     model(x).square().mean().backward()
@@ -52,7 +60,7 @@ def test_the_case_is_real():
 @pytest.mark.parametrize("shut", [False, True], ids=["closed-on-batch", "shut-for-all"])
 def test_doctor_says_it_as_gradflow_does(shut):
     torch.manual_seed(0)
-    res = run("doctor", Squeeze(shut), (BATCH,))
+    res = run("doctor", Squeeze(shut), _made_up(BATCH))
     codes = {f.code: f for f in res.findings}
     if shut:
         said = " ".join(f.message for f in res.findings if f.code == "param-not-updated")
@@ -65,7 +73,7 @@ def test_doctor_says_it_as_gradflow_does(shut):
 @pytest.mark.parametrize("shut", [False, True], ids=["closed-on-batch", "shut-for-all"])
 def test_zero_gradients_of_the_batch_alone_are_info_and_a_unit_shut_for_all_stays_an_error(shut):
     torch.manual_seed(0)
-    res = run("gradflow", Squeeze(shut), (BATCH,))
+    res = run("gradflow", Squeeze(shut), _made_up(BATCH))
     rows = {r["name"]: r["status"] for r in res.table("params").rows}
     if shut:
         assert res.exit_code == 1 and {n for n, s in rows.items() if s == "zero-grad"} == GATED
@@ -75,3 +83,21 @@ def test_zero_gradients_of_the_batch_alone_are_info_and_a_unit_shut_for_all_stay
     assert len(found) == 1 and found[0].severity == "info"
     assert "fresh batches" in found[0].message and "--batch" in found[0].message
     assert not [f for f in res.findings if f.code == "zero-grad"]
+    assert "gradient of zeros on this batch alone" in res.verdict   # zero here is not "healthy magnitudes"
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_a_users_own_batch_keeps_its_error(command):
+    """A review: a layer shut for every real one-hot DNA sequence was opened by mixtures of the batch's entries (the
+    one-hot columns became counts) and passed. A user's batch is not resampled for this: the verdict stands."""
+    torch.manual_seed(0)
+    res = run(command, Squeeze(), (BATCH,))
+    assert res.exit_code == 1 and "closed-on-batch" not in {f.code for f in res.findings}
+
+
+def test_the_share_of_batches_needed_grows_with_the_batch():
+    """At least a quarter of samples must open it: a batch opens it when any sample does, so the share of batches
+    needed is 1 - 0.75^n. A review: "half the batches" let 1 sample in 50 pass at batch 64 (0.73 of batches)."""
+    assert open_often(4, 8, 2) and not open_often(3, 8, 2)          # 1 - 0.75^2 = 0.4375 of 8 = 3.5
+    assert not open_often(7, 8, 64) and open_often(8, 8, 64)        # 0.98^64 leaves 27% of batches shut: 6 of 8
+    assert not open_often(0, 0, 2)

@@ -93,6 +93,12 @@ class ModelInputs:
     _written: list[str] = field(default_factory=list, repr=False, compare=False)   # inputs a forward changed
     _kept: dict | None = field(default=None, repr=False, compare=False)   # id -> (tensor, version, first values)
 
+    @property
+    def made_up(self) -> bool:
+        """Values torchdiag drew itself (a source's default, or -i shapes): fresh draws of them are inputs of the same
+        kind, as a mixture of a user's own batch may not be (one-hot columns mixed into counts)."""
+        return self.chosen or self.source == "--input"
+
     def call(self, model):
         self._as_first()
         return model(*self.args, **self.kwargs)

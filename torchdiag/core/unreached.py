@@ -387,12 +387,24 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], 
 
 
 OPEN_BATCHES = 8   # fresh batches a zero gradient of the batch alone is asked about (open_elsewhere)
+OPEN_SAMPLES = 0.25   # the share of samples that must open it, at least: a unit shut for 3 inputs in 4 is not dead
+
+
+def open_often(opened: int, runs: int, batch: int) -> bool:
+    """Do `opened` of `runs` fresh batches of `batch` samples say that at least OPEN_SAMPLES of samples open it? A
+    batch opens it when any one sample does, so the share of batches it takes grows with the batch (a review: at
+    half the batches, 1 sample in 50 passed at batch 64)."""
+    return runs > 0 and opened >= runs * (1.0 - (1.0 - OPEN_SAMPLES) ** max(batch, 1))
 
 
 def open_elsewhere(work, inputs, names: list[str], ctx) -> tuple[dict[str, int], int]:
     """For each of `names` (a gradient all zeros on the batch), how many of OPEN_BATCHES fresh batches of the inputs'
     kind (core/fresh.resampled_batches) give it a finite gradient not all zeros on `work`, and how many batches ran
-    (0: the batch cannot be resampled, one sample or all alike). One seeded pass and one read-back per batch."""
+    (0: the batch cannot be resampled, one sample or all alike; or it is not torchdiag's own: mixing the entries of a
+    user's batch makes inputs their data never has, a review's one-hot DNA mixed into counts that opened a layer shut
+    for every real sequence). One seeded pass and one read-back per batch."""
+    if not inputs.made_up:
+        return dict.fromkeys(names, 0), 0
     from ..errors import ModelError
     from .fresh import resampled_batches
 

@@ -23,6 +23,7 @@ from ...core.unreached import (
     NO_GRAD_SEVERITY,
     NOT_REACHED,
     NOT_REACHED_HINT,
+    OPEN_SAMPLES,
     ROUTED_HINT,
     SKIPPED_AT_RANDOM,
     by_top_module,
@@ -32,6 +33,7 @@ from ...core.unreached import (
     not_reached,
     not_reached_message,
     open_elsewhere,
+    open_often,
     reached_by_other_draws,
     reached_by_other_inputs,
     routed_message,
@@ -102,6 +104,7 @@ def update_check(probe: Probe) -> None:
     cancelled |= invariant
     bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
     kinds = {n: msg for n, msg, _ in bad}    # what happens to each, before where its zero gradient stops is added
+    closed: set[str] = set()
     if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
         selected: set[str] = set()
         bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off, selected)
@@ -114,8 +117,9 @@ def update_check(probe: Probe) -> None:
     _report_not_updated(bad, kinds, work, ck, result)
     if not bad and not broken:
         quiet = probe.result.data.get("params_not_reached") or []
-        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step"
-               + (f" ({len(quiet)} not reached by the default inputs: not judged)" if quiet else ""))
+        ck.row("update", "ok", f"{len(with_grad) - len(closed)}/{len(with_grad)} params change after 1 {step} step"
+               + (f" ({len(quiet)} not reached by the default inputs: not judged)" if quiet else "")
+               + (f" ({len(closed)} get a gradient of zeros on this batch alone: closed-on-batch)" if closed else ""))
     _report_rounding(rounding, ctx, step, ck, result)
     _report_zero_init(by_design, sources, ck, result, work)
     gated.report(designed, ck, result, step)
@@ -273,7 +277,7 @@ def _closed_on_batch(probe: Probe, before: dict, names: list[str]) -> set[str]:
     """Of the `names` whose gradient stays all zeros and no routing explains, those most fresh batches of the inputs'
     kind give a gradient on a copy after a short training run (core/unreached.open_elsewhere): a unit on the path
     shut for every sample of this batch alone. closed-on-batch (info), as gradflow says it. Not in eval mode."""
-    if not names or not probe.work.training:
+    if not names or not probe.work.training or not probe.inputs.made_up:   # (gradflow's _closed_on_batch: why)
         return set()
     from .gated import initial_copy
 
@@ -287,14 +291,16 @@ def _closed_on_batch(probe: Probe, before: dict, names: list[str]) -> set[str]:
         probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs after a "
                                   f"short training run: {exc.message}")
         return set()
-    closed = sorted(n for n in names if runs and 2 * counts[n] >= runs)
+    closed = [n for n in names if open_often(counts[n], runs, probe.inputs.batch_size or 1)]   # in model order
     if closed:
+        least = min(counts[n] for n in closed)
         probe.result.add("closed-on-batch", "info", repeats.common_path(closed) or "(root)",
                          f"{len(closed)} parameter tensor(s) ({', '.join(closed[:6])}{' …' if len(closed) > 6 else ''})"
                          f" get a gradient of zeros only on this batch: after a short training run on a copy "
-                         f"({gates.STEPS} optimizer steps), at least half of {runs} fresh batches of the inputs' kind "
-                         "give each a gradient; a unit on their path (a ReLU, a gate) is shut for every sample of this "
-                         "batch", hint="judge them on more data: --batch, a larger -b")
+                         f"({gates.STEPS} optimizer steps), at least {least} of {runs} fresh batches of the inputs' kind "
+                         f"give each a gradient, so at least {OPEN_SAMPLES:.0%} of samples do; a unit on their path (a "
+                         "ReLU, a gate) is shut for every sample of this batch",
+                         hint="judge them on more data: --batch, a larger -b", members=closed)
     return set(closed)
 
 

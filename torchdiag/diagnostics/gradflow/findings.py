@@ -229,7 +229,9 @@ def design_findings(result, rows, model=None) -> None:
         else:
             what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
                     if n > 1 or e.where != members[0]["name"] else "the parameter")
-            why = members[0]["design"]["why"] if n == 1 or not general else _why(kind, None)
+            # a closed-on-batch's own count, where every member has the same
+            alike = kind == "closed-on-batch" and len({m["design"]["why"] for m in members}) == 1
+            why = members[0]["design"]["why"] if n == 1 or not general or alike else _why(kind, None)
         why += _underflow(kind, members, model)
         # every parameter a finding over several covers, folded or not (a sweep: "(root)" over 63 tensors, "… (+45
         # more)", and JSON could not say which)
@@ -306,9 +308,9 @@ def _why(kind, cause) -> str:
                                  "another draw of the RNG, on a copy, gives them a gradient",
             "routed-by-input": "the forward routes each input to some of its parts (an MoE router); fresh inputs of "
                                "the batch's kind, on a copy, give them a gradient: a larger batch reaches them",
-            "closed-on-batch": "after a short training run on a copy, most fresh batches of the inputs' kind give them "
-                               "a gradient: a unit on their path (a ReLU, a gate) is closed for every sample of this "
-                               "batch; judge them on more data (--batch, a larger -b)"}.get(kind, "")
+            "closed-on-batch": "after a short training run on a copy, fresh inputs of their kind give each a "
+                               "gradient (at least a quarter of samples): a unit on their path (a ReLU, a gate) is shut "
+                               "for every sample of this batch; judge them on more data (--batch, a larger -b)"}.get(kind, "")
 
 
 def _common(members) -> str:
@@ -349,6 +351,9 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
     else:
         result.verdict = "PASS: gradients reach every trainable parameter with healthy magnitudes"
     designed = sum(1 for r in rows if r.get("design"))
+    if counts.get("closed-on-batch") and not result.verdict.startswith("FAIL"):   # zero here: not "healthy" (a review)
+        result.verdict += (f"; {counts['closed-on-batch']} get a gradient of zeros on this batch alone "
+                           "(closed-on-batch: judge them on more data)")
     if designed and not result.verdict.startswith("FAIL"):
         result.verdict += (f" ({designed} parameter tensor(s) judged by how they are built or by the step the "
                            "optimizer takes: see the info findings)")

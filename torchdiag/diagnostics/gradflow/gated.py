@@ -15,9 +15,11 @@ from ...core.module_paths import label, owner
 from ...core.train import NoRoom
 from ...core.unreached import (
     NOT_REACHED,
+    OPEN_SAMPLES,
     ROUTED_BY_INPUT,
     made_up_padding,
     open_elsewhere,
+    open_often,
     padding_why,
     reached_by_other_inputs,
 )
@@ -239,13 +241,13 @@ def _routed_zeros(model, inputs, rows, ran: set[str], saturated: list[str], resu
 
 
 def _closed_on_batch(model, inputs, rows, steps: int, result, opts, ctx, prepare) -> None:
-    """Exactly-zero gradients the short run kept and no routing explains, that most fresh batches of the inputs' kind
-    make non-zero on the copy the short run trained (its zero-initialised gates opened first): a unit on the path
-    closed for every sample of this batch and open for other inputs (timm's sehalonet33ts: the 8 ReLU units of a
-    squeeze-excite block all zero on the 2 samples, its two linears zero-grad errors, while 2 of 8 are dead on fresh
-    samples). closed-on-batch (info) when at least half of the fresh batches give a gradient: a rare input's (a
-    softmax saturated to one-hot whose top logits nearly tie) does not count. Not in eval mode."""
-    if not rows or opts.eval_mode:
+    """Exactly-zero gradients the short run kept and no routing explains, that fresh draws of torchdiag's own inputs
+    make non-zero on the copy the short run trained (its zero-initialised gates opened first), for at least a quarter
+    of the samples (unreached.open_often): a unit on the path shut for every sample of this batch and open for other
+    inputs (timm's sehalonet33ts: the 8 ReLU units of a squeeze-excite block all zero on the 2 samples, its two
+    linears zero-grad errors, while 2 of 8 are dead on fresh samples). closed-on-batch (info). Not for a user's own
+    batch (its mixtures may be inputs the data never has: unreached.open_elsewhere), nor in eval mode."""
+    if not rows or opts.eval_mode or not inputs.made_up:
         return
     try:
         work = gates.trained_copy(model, inputs, ctx, steps, opts.eval_mode, prepare)
@@ -258,12 +260,16 @@ def _closed_on_batch(model, inputs, rows, steps: int, result, opts, ctx, prepare
     result.notes.append(f"{len(rows)} zero gradient(s) re-checked with {runs} fresh batch(es) of the inputs' kind on a "
                         f"copy after a short training run ({steps} optimizer steps on the batch)")
     for r in rows:
-        if 2 * counts[r["name"]] >= runs:
-            r.update(status=CLOSED, allowed=False, design={"kind": CLOSED, "why": (
-                f"its gradient is exactly zero on this batch, still after a short training run on a copy ({steps} "
-                f"optimizer steps), and not on other inputs of the same kind: {counts[r['name']]} of {runs} fresh "
-                "batches give it a gradient on that copy. A unit on its path (a ReLU, a gate) is closed for every "
-                "sample of this batch; judge it on more data (--batch, a larger -b)")})
+        if open_often(counts[r["name"]], runs, inputs.batch_size or 1):
+            r.update(status=CLOSED, allowed=False, design={"kind": CLOSED, "why": closed_why(counts[r["name"]], runs,
+                                                                                              steps)})
+
+
+def closed_why(opened: int, runs: int, steps: int) -> str:
+    return (f"exactly zero on this batch, still after a short training run on a copy ({steps} optimizer steps), and "
+            f"not on fresh inputs of its kind: {opened} of {runs} fresh batches give a gradient on that copy, so at "
+            f"least {OPEN_SAMPLES:.0%} of samples do. A unit on the path (a ReLU, a gate) is shut for every sample of "
+            "this batch; judge on more data (--batch, a larger -b)")
 
 
 def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
