@@ -8569,3 +8569,63 @@ def test_dropout_rate_is_said_once_for_models_made_per_fold_each_shorter_than_a_
                 opt.step()
     (f,) = [f for f in w.result().findings if f.code == "dropout-rate"]   # one module of the model, each fold's
     assert f.where == "m.2" and f.members is None and "(each in 3 models made one after another)" in f.message, f.to_dict()
+
+
+def _micro_loop(kind: str, steps: int = 30):
+    """A loop of 4 micro-batches per optimizer step. `inside`: zero_grad() before each micro-batch's backward (the step
+    applies the last one's gradient alone); `healthy`: zero_grad() once per step; `sam`: SAM's two backwards, the
+    weights moved between them and the gradients cleared; `per-sample`: per-sample gradients summed into a buffer
+    the loop writes into .grad (manual DP-SGD)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(steps):
+            x = torch.randn(16, 8, generator=g)
+            y = (x[:, 0] > 0).long()
+            if kind == "sam":
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                with torch.no_grad():
+                    e = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
+                    for p, d in zip(model.parameters(), e):
+                        p.add_(d)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                with torch.no_grad():
+                    for p, d in zip(model.parameters(), e):
+                        p.sub_(d)
+            elif kind == "per-sample":
+                total = [torch.zeros_like(p) for p in model.parameters()]
+                for i in range(4):
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+                    for t, p in zip(total, model.parameters()):
+                        t += p.grad
+                for t, p in zip(total, model.parameters()):
+                    p.grad = t / 4
+            else:
+                if kind == "healthy":
+                    opt.zero_grad()
+                for xs, ys in zip(x.chunk(4), y.chunk(4)):
+                    if kind == "inside":
+                        opt.zero_grad()
+                    (F.cross_entropy(model(xs), ys) / 4).backward()
+            opt.step()
+    return w.result()
+
+
+@pytest.mark.parametrize("kind", ["inside", "healthy", "sam", "per-sample"])
+def test_gradients_cleared_before_each_micro_batch_are_said_and_nothing_else(kind):
+    """A sweep's miss: zero_grad() inside the loop over micro-batches threw 3 of every 4 gradients away (the run ended
+    3x worse) and watch passed it. The carry probes' looks say it: at each backward since the step, nothing was there.
+    Not SAM's second backward (the weights moved in place between), nor per-sample gradients the loop sums into .grad
+    itself, nor healthy accumulation."""
+    r = _micro_loop(kind)
+    if kind == "inside":
+        f = finding(r, "grad-cleared-before-step")
+        assert f.severity == "warning" and "up to 4" in f.message and "zero_grad" in f.hint
+    else:
+        assert "grad-cleared-before-step" not in codes(r), [f.message for f in r.findings]
+    assert r.data["steps"] == 30

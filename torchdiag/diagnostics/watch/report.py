@@ -381,6 +381,7 @@ def _wiring(result: Result, engine) -> None:
     _clock_note(result, engine)
     _handover_notes(result, engine)
     _unwatched_note(result, engine)
+    _cleared(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         # looked at after some steps only (stats.Track._looks_after): "every step" overstated a loop that zeroes
@@ -405,6 +406,30 @@ def _wiring(result: Result, engine) -> None:
                    "that calls zero_grad() after each optimizer step does not need it, and without it a missing "
                    "zero_grad() is an error (grad-carried-over)", "drop accumulate unless the gradients are meant to "
                    "carry over optimizer steps")
+
+
+def _cleared(result: Result, engine) -> None:
+    """grad-cleared-before-step (warning): at most of the steps looked at that had several backward calls before
+    them, with no other optimizer's step between and the weights unmoved, the gradients were cleared before each
+    (stats.Track._cleared): the step applied the last micro-batch's gradient alone (zero_grad inside the accumulation
+    loop: a sweep's run ended 3x worse, and watch passed it)."""
+    multi = engine.checks.get("multi_looked", {})
+    for key, (t, hits) in engine.checks.get("cleared", {}).items():
+        looked = multi.get(key, set())
+        if len(hits) < 2 or 2 * len(hits) <= len(looked):
+            continue
+        steps = [s for s, _ in hits]
+        most = max(b for _, b in hits)
+        label = engine.doubles.label(id(t.opt), t.kind) if not t.released else t.kind
+        whose = f" of {label} (over {t.names[0]}{' and more' if len(t.names) > 1 else ''})" if len(engine.tracks) > 1 \
+            else ""
+        result.add("grad-cleared-before-step", "warning", "",
+                   f"at {len(steps)} of the {len(looked)} steps looked at that had several backward calls before them "
+                   f"({', '.join(map(str, steps[:5]))}{' …' if len(steps) > 5 else ''}), the gradients{whose} were "
+                   f"cleared before each of them (up to {most}, no optimizer step between): the step applied the last "
+                   "backward's gradient alone, and the others were thrown away",
+                   "call optimizer.zero_grad() once per optimizer step, after step(), not inside the loop over "
+                   "micro-batches; if the earlier backward calls only measured something, this is as intended")
 
 
 def _step_words(engine, step: int) -> str:

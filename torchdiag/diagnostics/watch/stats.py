@@ -76,6 +76,8 @@ class Track:
         self.fired: list = []          # the probes' flags since they were armed
         self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
+        self.fired_ver: list = []      # per flag, (id, version) of the probed parameter (a weight moved in place between)
+        self.kept: tuple | None = None   # (parameter ref, id of its .grad) after the last backward accumulated into it
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
         self.light = False             # the probes armed hold one parameter and read no cosine (_looks_after)
@@ -411,6 +413,8 @@ class Track:
         self.fired.clear()
         self.fired_at.clear()
         self.fired_dots.clear()
+        self.fired_ver.clear()
+        self.kept = None
         self.armed_step = step
         self.probes, self._unkept = [], []
         for p in chosen:
@@ -426,22 +430,27 @@ class Track:
 
         ref = weakref.ref(p)   # the hooks live on p: a strong reference would make a cycle only gc frees
         fired, at, dots, marks, pending = self.fired, self.fired_at, self.fired_dots, self.marks, []
+        versions = self.fired_ver
         self._unkept.append((ref, pending))
 
         def look(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
-            old = ref().grad if ref() is not None else None
+            param = ref()
+            old = param.grad if param is not None else None
             with torch.no_grad():
                 flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
                 dot = _dot_norms(old, grad, self._zero3) if old is not None and not light else self._zero3
-            pending[:] = [(flag, dot, marks() if marks is not None else (0, 0), grad)]
+            pending[:] = [(flag, dot, marks() if marks is not None else (0, 0), grad,
+                           (id(param), param._version) if param is not None else None)]
             return None
 
-        def keep(_param):
+        def keep(param):
             if pending:
-                flag, dot, mark, _ = pending.pop()
+                flag, dot, mark, _, version = pending.pop()
                 fired.append(flag)
                 dots.append(dot)
                 at.append(mark)
+                versions.append(version)
+                self.kept = (ref, id(param.grad))
         return look, keep
 
     def _settle_unkept(self) -> None:
@@ -456,7 +465,7 @@ class Track:
             p = ref()
             if not pending or p is None or p.grad is None or self.light:   # a light look has no sums to tell by:
                 continue                                                     # not counted (a review: "4 of the 15")
-            flag, dot, mark, new = pending.pop()
+            flag, dot, mark, new, version = pending.pop()
             if p.grad.is_sparse or new.is_sparse or p.grad.shape != new.shape:
                 continue
             with torch.no_grad():
@@ -468,6 +477,8 @@ class Track:
                 self.fired.append(flag * same.float())
             self.fired_dots.append(dot)
             self.fired_at.append(mark)
+            self.fired_ver.append(version)
+            self.kept = None   # .grad written by the loop, not by the backward
         self._unkept = []
 
     def disarm(self, applied_at: int | None = None):
@@ -483,6 +494,10 @@ class Track:
             self.idle_off()
         if self.fired:
             self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
+            cleared = self._cleared() if applied_at is not None else []
+            if cleared:
+                self.queue.append(("cleared", (self, applied_at, len({self.fired_at[i][1] for i in cleared})),
+                                   torch.stack([self.fired[i] for i in cleared]).max()))
             crossed = _after_other_step(self.fired_at) if applied_at is not None and not self.light else []
             if crossed:   # still there all the way (min), and the cosine between what was there and what came
                 first = [i for i in crossed if self.fired_at[i] == self.fired_at[crossed[0]]]
@@ -490,7 +505,23 @@ class Track:
                 cos = dot / (old * new).sqrt().clamp_min(1e-30)
                 self.queue.append(("crossed", (self, applied_at),
                                    torch.stack([torch.stack([self.fired[i] for i in crossed]).min(), cos.float()])))
-        self.fired, self.fired_at, self.fired_dots = [], [], []
+        self.fired, self.fired_at, self.fired_dots, self.fired_ver, self.kept = [], [], [], [], None
+
+    def _cleared(self) -> list[int]:
+        """The looks of the backwards since the last step of any optimizer, when there were several, the weights did
+        not move between them, and the step applies the .grad the last one accumulated into: a zero flag at each (read
+        with the carry's, no sync here) says the gradients were cleared before every one (zero_grad inside the
+        micro-batch loop: the step applies the last one's alone, a sweep's miss). Not a GAN's loss on the other
+        model's parameters before that model stepped, not SAM's second backward (the weights moved in place between),
+        not a .grad the loop wrote itself (per-sample gradients summed into a buffer)."""
+        since = _after_other_step(self.fired_at) or list(range(len(self.fired)))
+        versions = {self.fired_ver[i] for i in since}   # (parameter, version): one each where no weight moved
+        if len({self.fired_at[i][1] for i in since}) < 2 or None in versions or self.kept is None \
+                or len(versions) != len({v[0] for v in versions}):
+            return []
+        ref, grad_id = self.kept
+        param = ref()
+        return since if param is not None and param.grad is not None and id(param.grad) == grad_id else []
 
     def queued(self, final: bool) -> list:
         """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
@@ -1071,6 +1102,11 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
             checks["carried"].append(payload[1])
         if vals[0] > 0:   # which optimizer's (named where there are several)
             checks.setdefault("carried_by", {})[id(payload[0])] = payload[0]
+    elif kind == "cleared":   # several backwards before this optimizer's step, the gradients cleared before each
+        track, step, backwards = payload
+        checks.setdefault("multi_looked", {}).setdefault(id(track), set()).add(step)
+        if vals[0] == 0:
+            checks.setdefault("cleared", {}).setdefault(id(track), (track, []))[1].append((step, backwards))
     elif kind == "crossed":   # a gradient made before another optimizer's step, still there when this one stepped,
         if vals[0] > 0 and vals[1] < OPPOSED:   # and the next backward's pulling against it
             checks["crossed"].setdefault(id(payload[0]), (payload[0], payload[1], vals[1]))
