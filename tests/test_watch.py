@@ -8629,3 +8629,43 @@ def test_gradients_cleared_before_each_micro_batch_are_said_and_nothing_else(kin
     else:
         assert "grad-cleared-before-step" not in codes(r), [f.message for f in r.findings]
     assert r.data["steps"] == 30
+
+
+@pytest.mark.parametrize("case", ["ema-in-optimizer", "attack"])
+def test_a_model_trained_by_no_optimizer_is_named_when_the_optimizer_holds_an_idle_copy(case):
+    """A sweep: with no model given (the command line), an optimizer built over the EMA copy while the loop trains the
+    model found no model for any optimizer, and the report named nothing: never-gets-grad alone, its hint about
+    .to(). The model whose gradients no optimizer holds is now watched, and not-in-optimizer names it. An attack's
+    optimizer over its input perturbation (its gradient cleared after each step) had a gradient: the model it probes
+    is left alone."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    g = torch.Generator().manual_seed(0)
+    if case == "attack":
+        x = torch.randn(32, 8, generator=g)
+        delta = nn.Parameter(torch.zeros_like(x))
+        opt = torch.optim.Adam([delta], lr=0.01)
+    else:
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))
+        opt = torch.optim.Adam(ema.parameters(), lr=0.01)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            if case == "attack":
+                (-F.cross_entropy(model(x + delta), (x[:, 0] > 0).long())).backward()
+                opt.step()
+                opt.zero_grad()
+                continue
+            x = torch.randn(16, 8, generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+            ema.update_parameters(model)
+    r = w.result()
+    if case == "attack":
+        assert "not-in-optimizer" not in codes(r, ("error", "warning", "info")), [f.message for f in r.findings]
+        return
+    f = finding(r, "not-in-optimizer")
+    assert f.severity == "warning" and f.where == "model" and "4 tensors" in f.message
+    assert "never-gets-grad" in codes(r)

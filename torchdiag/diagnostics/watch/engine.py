@@ -590,8 +590,11 @@ class Engine:
     def _adopt_untrained(self) -> None:
         """Models called with gradients on whose trainable parameters got gradients that no optimizer holds: watched
         from now (named, and `not-in-optimizer` at the end). A sweep: a GAN's generator optimizer built over the
-        discriminator's parameters left the generator unwatched, and the run passed."""
-        if self.explicit_models or not self.roots:
+        discriminator's parameters left the generator unwatched, and the run passed. With no model found for any
+        optimizer, only where every optimizer's parameters are without a gradient (an optimizer built over an EMA copy,
+        a sweep: the model trained had no name in the report); an attack's optimizer over its input tensor, which gets
+        one, leaves the model it probes alone."""
+        if self.explicit_models or not (self.roots or self._optimizers_idle()):
             return
         held = set().union(*(t.keys() for t in self.tracks.values()))
         held |= {id(p) for r in self.roots.values() for p in r.parameters()}
@@ -609,8 +612,10 @@ class Engine:
                 named = [(prefix + n, p) for n, p in inner(root).named_parameters() if p.requires_grad]
                 # its values now (a sum per tensor, on the device): one the run changes by other means (by hand, an
                 # EMA, a copy: a review's DQN target network) is trained, not "never trains"
-                self._untrained[prefix.rstrip(".")] = ([n for n, _ in named], [weakref.ref(p) for _, p in named],
-                                                       _sums([p for _, p in named]))
+                # its name: its prefix, or, the one model of the run, its label (an optimizer over an EMA copy: "")
+                called = prefix.rstrip(".") or self._labels[self._order[id(root)]]
+                self._untrained[called] = ([n for n, _ in named], [weakref.ref(p) for _, p in named],
+                                           _sums([p for _, p in named]))
                 # their gradients seen now: a loop that sets them to None before each read and the end (Lightning's
                 # zero_grad before validation) left a head no optimizer held unsaid in runs under 2 * every (a sweep)
                 for n, p in named:
@@ -619,7 +624,7 @@ class Engine:
                 # called in eval mode on another model's output: a fixed network put there on purpose (a loss
                 # network); one fed the data itself, in eval, is a part meant to train whose optimizer forgot it
                 if self._seen_eval.get(key) and self._seen_fed.get(key):
-                    self._untrained_eval.add(prefix.rstrip("."))
+                    self._untrained_eval.add(called)
         self._name_params()
 
     def _untrained_seen(self) -> bool:
@@ -701,6 +706,12 @@ class Engine:
                 rep["module"] = ren(rep["module"]) if rep["module"] else prefix.rstrip(".")
         named = {"bn": ren, "dead": lambda e: (ren(e[0]), *e[1:])}   # reads not yet taken
         self.pending = [(k, (pl[0], [named[k](e) for e in pl[1]]) if k in named else pl, t) for k, pl, t in self.pending]
+
+    def _optimizers_idle(self) -> bool:
+        """Are there optimizers, none of whose parameters had a gradient when the carry probes looked after a step, or
+        holds one now? (An attack's optimizer over its input, whose gradient is cleared after each step, had one.)"""
+        tracks = list(self.tracks.values())
+        return bool(tracks) and not any(t.had_grad or any(p.grad is not None for p in t.params) for t in tracks)
 
     def root_prefix(self, root) -> str:
         """How a trained model's parameters and modules are named when there are several (a GAN's generator and

@@ -80,6 +80,7 @@ class Track:
         self.kept: tuple | None = None   # (parameter ref, id of its .grad) after the last backward accumulated into it
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
+        self.had_grad = False          # a parameter had a gradient after a step the probes looked after (_arm)
         self.light = False             # the probes armed hold one parameter and read no cosine (_looks_after)
         self.mode_mark = 0             # the engine's root-forward and backward counts at its last step
         self.bw_mark = 0               # (engine._check_mode)
@@ -410,6 +411,7 @@ class Track:
         chosen = [p for p in self.params if p.grad is not None and p.requires_grad and p.is_leaf][:1 if light else
                                                                                                    CARRY_PROBES]
         self.light = light
+        self.had_grad = self.had_grad or bool(chosen)
         self.fired.clear()
         self.fired_at.clear()
         self.fired_dots.clear()
