@@ -8669,3 +8669,30 @@ def test_a_model_trained_by_no_optimizer_is_named_when_the_optimizer_holds_an_id
     f = finding(r, "not-in-optimizer")
     assert f.severity == "warning" and f.where == "model" and "4 tensors" in f.message
     assert "never-gets-grad" in codes(r)
+
+
+def test_a_part_frozen_in_eval_then_unfrozen_is_not_said_to_have_stayed_in_eval():
+    """A sweep: a BatchNorm backbone frozen in eval for the first epochs, then given requires_grad, train() and a param
+    group, was said to have "stayed in eval mode while the model trained, with its weights not trained": it trained
+    in train mode for the last two thirds of the run. Seen back in train mode at a read, it is said as unfrozen."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU()), nn.Linear(16, 2))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model[1].parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for step in range(60):
+            if step == 20:   # unfrozen
+                model[0].requires_grad_(True)
+                opt.add_param_group({"params": model[0].parameters()})
+            model.train()
+            if step < 20:
+                model[0].eval()
+            x = torch.randn(16, 8, generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+    r = w.result()
+    said = [f for f in r.findings if f.code == "module-in-eval-mode"]
+    assert len(said) == 1 and said[0].severity == "info", [f.message for f in r.findings]
+    assert "stayed" not in said[0].message and "back in train mode from the read of step 30" in said[0].message

@@ -155,7 +155,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
-                       "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
+                       "eval_left": {}, "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "dropout_high": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}}
@@ -689,7 +689,7 @@ class Engine:
         self.ratios = rekey(self.ratios)
         self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
         self.checks["eval_top"] = {ren(k): ren(v) for k, v in self.checks["eval_top"].items()}
-        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_unfed", "eval_region",
+        for key in ("eval_modules", "eval_frozen", "eval_left", "eval_fed", "eval_unfed", "eval_region",
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
@@ -1694,9 +1694,12 @@ class Engine:
             if order not in self.checks["dropout_high"]:   # once a model, in train mode (core/dropout_rate.py)
                 self.checks["dropout_high"][order] = dropping_most(inner(root), prefix)
             in_eval = set()
+            seen_eval = self.checks["eval_frozen"].keys() | self.checks["eval_modules"].keys()
             for name, m in inner(root).named_modules():
                 if not m.training:
                     in_eval.add(name)
+                elif prefix + name in seen_eval:   # back in train mode since (unfrozen: a sweep's "stayed in eval")
+                    self.checks["eval_left"].setdefault(prefix + name, self.step)
                 if not m.training and isinstance(m, sensitive):
                     # kept in eval with its own weights frozen: a frozen layer, as in fine-tuning (a sweep); one whose
                     # weights are only in no optimizer is asked what feeds it (a review: a forgotten no-decay group

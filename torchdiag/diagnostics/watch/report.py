@@ -795,12 +795,14 @@ def _modes(result: Result, engine) -> None:
     # kept in eval by the model's own train() (modes.kept_in_eval): a design, judged below as a frozen one is
     kept_set = engine.checks.get("eval_kept", set())
     by_train = [n for n in engine.checks["eval_modules"] if n in kept_set and n not in apart]
+    left = engine.checks.get("eval_left", {})
     for name, step in engine.checks["eval_modules"].items():
         if name in apart or name in by_train:
             continue
+        until = f"; back in train mode at the read of step {left[name]}" if name in left else ""
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
-                   f"model trained ({_step_words(engine, step)})", "something called .eval() on this submodule; call "
-                   "model.train()")
+                   f"model trained ({_step_words(engine, step)}{until})", "something called .eval() on this submodule; "
+                   "call model.train()")
     warned = set(engine.checks["eval_modules"]) - set(apart) - set(by_train)   # frozen first, unfrozen later in eval
     kept = [n for n in [*engine.checks.get("eval_frozen", {}), *apart] if n not in warned and n not in by_train]
     fresh = [n for n in [*kept, *by_train] if engine.never_normalised(n)]
@@ -818,12 +820,25 @@ def _modes(result: Result, engine) -> None:
                    "frozen, as detection backbones' norm_eval), not a .eval() left over",
                    members=by_train if len(by_train) > 1 else None)
     frozen = [n for n in kept if n not in fresh]
+    unfrozen = [n for n in frozen if n in left]   # frozen for the first steps, trained after (a fine-tuning schedule)
+    frozen = [n for n in frozen if n not in left]
     if frozen:   # BatchNorm frozen for fine-tuning: eval mode and requires_grad=False together, on purpose
         result.add("module-in-eval-mode", "info", common_path(frozen) or frozen[0],
                    f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode while "
                    "the model trained, with their own weights not trained (frozen, or in no optimizer)"
                    + (", in a part put in eval whose weights do not train either" if apart else "") + ": a frozen part, "
                    "as in fine-tuning or a linear probe", members=frozen if len(frozen) > 1 else None)
+    if unfrozen:
+        result.add("module-in-eval-mode", "info", common_path(unfrozen) or unfrozen[0],
+                   f"{len(unfrozen)} BatchNorm/dropout module(s) ({cut(unfrozen, ', ', 4)}) were seen in eval mode, "
+                   f"with their own weights not trained, at the reads from step {min(kept_at(engine, n) for n in unfrozen)}"
+                   f", and back in train mode from the read of step {max(left[n] for n in unfrozen)}: a part frozen for "
+                   "the first steps, then unfrozen", members=unfrozen if len(unfrozen) > 1 else None)
+
+
+def kept_at(engine, name: str) -> int:
+    """The read step a module was first seen in eval mode (frozen, or not)."""
+    return engine.checks["eval_frozen"].get(name, engine.checks["eval_modules"].get(name, 0))
 
 
 def _eval_unreached(result: Result, engine) -> None:
