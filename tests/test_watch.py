@@ -8584,19 +8584,24 @@ def _micro_loop(kind: str, steps: int = 30):
         for _ in range(steps):
             x = torch.randn(16, 8, generator=g)
             y = (x[:, 0] > 0).long()
-            if kind == "sam":
+            if kind == "parts":   # one optimizer, two parts each reached by one backward (an actor and a critic)
+                opt.zero_grad()
+                h = model[1](model[0](x))
+                F.cross_entropy(model[2](h.detach()), y).backward()
+                h.square().mean().backward()
+            elif kind in ("sam", "sam-data"):
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 with torch.no_grad():
                     e = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
                     for p, d in zip(model.parameters(), e):
-                        p.add_(d)
+                        p.add_(d) if kind == "sam" else p.data.add_(d)   # .data moves no version
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 with torch.no_grad():
                     for p, d in zip(model.parameters(), e):
-                        p.sub_(d)
-            elif kind == "per-sample":
+                        p.sub_(d) if kind == "sam" else p.data.sub_(d)
+            elif kind in ("per-sample", "per-sample-copy"):
                 total = [torch.zeros_like(p) for p in model.parameters()]
                 for i in range(4):
                     opt.zero_grad()
@@ -8604,28 +8609,35 @@ def _micro_loop(kind: str, steps: int = 30):
                     for t, p in zip(total, model.parameters()):
                         t += p.grad
                 for t, p in zip(total, model.parameters()):
-                    p.grad = t / 4
+                    if kind == "per-sample":
+                        p.grad = t / 4
+                    else:
+                        p.grad.copy_(t / 4)   # written in place: the same .grad tensor
             else:
                 if kind == "healthy":
                     opt.zero_grad()
                 for xs, ys in zip(x.chunk(4), y.chunk(4)):
-                    if kind == "inside":
+                    if kind in ("inside", "inside-rescaled"):
                         opt.zero_grad()
                     (F.cross_entropy(model(xs), ys) / 4).backward()
+                if kind == "inside-rescaled":   # a new .grad tensor, the same direction
+                    for p in model.parameters():
+                        p.grad = p.grad * 4
             opt.step()
     return w.result()
 
 
-@pytest.mark.parametrize("kind", ["inside", "healthy", "sam", "per-sample"])
+@pytest.mark.parametrize("kind", ["inside", "inside-rescaled", "healthy", "parts", "sam", "sam-data", "per-sample",
+                                  "per-sample-copy"])
 def test_gradients_cleared_before_each_micro_batch_are_said_and_nothing_else(kind):
     """A sweep's miss: zero_grad() inside the loop over micro-batches threw 3 of every 4 gradients away (the run ended
     3x worse) and watch passed it. The carry probes' looks say it: at each backward since the step, nothing was there.
     Not SAM's second backward (the weights moved in place between), nor per-sample gradients the loop sums into .grad
     itself, nor healthy accumulation."""
     r = _micro_loop(kind)
-    if kind == "inside":
+    if kind.startswith("inside"):
         f = finding(r, "grad-cleared-before-step")
-        assert f.severity == "warning" and "up to 4" in f.message and "zero_grad" in f.hint
+        assert f.severity == "warning" and "up to 4 backward calls" in f.message and "zero_grad" in f.hint
     else:
         assert "grad-cleared-before-step" not in codes(r), [f.message for f in r.findings]
     assert r.data["steps"] == 30
@@ -8696,3 +8708,25 @@ def test_a_part_frozen_in_eval_then_unfrozen_is_not_said_to_have_stayed_in_eval(
     said = [f for f in r.findings if f.code == "module-in-eval-mode"]
     assert len(said) == 1 and said[0].severity == "info", [f.message for f in r.findings]
     assert "stayed" not in said[0].message and "back in train mode from the read of step 30" in said[0].message
+
+
+def test_steps_gradscaler_skipped_do_not_read_as_gradients_cleared():
+    """A review: a GradScaler skipping steps (inf gradients at its scale) calls no optimizer.step(), so the next applied
+    step saw two backward calls, each after zero_grad(): read as gradients cleared inside a micro-batch loop that
+    does not exist. A skip closes the window as a step does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=1)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for i in range(30):
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            opt.zero_grad()
+            scaler.scale(loss * (1e38 if i % 3 == 1 else 1.0)).backward()   # overflows: a skipped step
+            scaler.step(opt)
+            scaler.update()
+    r = w.result()
+    assert w.engine.scaler_calls == 30 and w.engine.scaler_applied < 25
+    assert "grad-cleared-before-step" not in codes(r), [f.message for f in r.findings]

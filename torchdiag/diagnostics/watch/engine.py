@@ -174,6 +174,7 @@ class Engine:
         self._discovery: list = []
         self._beside = False                     # models given: a teacher beside them is asked (_search)
         self._inert = False                      # ... until a compiled graph traced the asking hooks
+        self._grad_seen = False                  # an optimizer's parameter had a gradient at a step (_optimizers_idle)
         self._depth = 0
         self._backward = None
         self._scaler_scale = None           # GradScaler.scale while it is wrapped (_wrap_scaler)
@@ -364,6 +365,9 @@ class Engine:
                 return step(scaler, optimizer, *args, **kwargs)
             finally:
                 engine._in_scaler -= 1
+                skipped = engine.tracks.get(id(optimizer)) if engine.scaler_applied == applied else None
+                if skipped is not None:   # its window of backwards ends here (a review: two skips, each after a
+                    skipped.skipped_at = engine.backwards   # zero_grad, read as gradients cleared before a step)
                 if engine.scaler_applied == applied and engine.clock in (None, optimizer):   # skipped (inf/NaN at this
                     engine._losses, engine._others = [], []   # scale): its loss is no later step's (a review: 15
                     # skipped iterations' losses were averaged into the first applied step, called accumulation)
@@ -708,10 +712,11 @@ class Engine:
         self.pending = [(k, (pl[0], [named[k](e) for e in pl[1]]) if k in named else pl, t) for k, pl, t in self.pending]
 
     def _optimizers_idle(self) -> bool:
-        """Are there optimizers, none of whose parameters had a gradient when the carry probes looked after a step, or
-        holds one now? (An attack's optimizer over its input, whose gradient is cleared after each step, had one.)"""
-        tracks = list(self.tracks.values())
-        return bool(tracks) and not any(t.had_grad or any(p.grad is not None for p in t.params) for t in tracks)
+        """Are there optimizers, none of whose parameters had a gradient at any step (_begin), or holds one now? (An
+        attack's optimizer over its input, whose gradient is cleared after each step, had one: a review's FGSM with a
+        new optimizer per batch, never looked at by the probes.)"""
+        return bool(self.tracks) and not self._grad_seen and \
+            not any(p.grad is not None for t in self.tracks.values() for p in t.params)
 
     def root_prefix(self, root) -> str:
         """How a trained model's parameters and modules are named when there are several (a GAN's generator and
@@ -1396,6 +1401,8 @@ class Engine:
                 track.last_clip = self.clips.take(track.params, self.backwards, keep_others=True)
         if track is None:
             return
+        if not self._grad_seen:   # (once true, no cost: a healthy run's first step)
+            self._grad_seen = any(getattr(p, "grad", None) is not None for p in track.params)
         if opt is clock:
             self.step += 1
             if not before_update:   # its gradients read after the update: a non-finite one is said so (before

@@ -426,8 +426,9 @@ def _cleared(result: Result, engine) -> None:
         result.add("grad-cleared-before-step", "warning", "",
                    f"at {len(steps)} of the {len(looked)} steps looked at that had several backward calls before them "
                    f"({', '.join(map(str, steps[:5]))}{' …' if len(steps) > 5 else ''}), the gradients{whose} were "
-                   f"cleared before each of them (up to {most}, no optimizer step between): the step applied the last "
-                   "backward's gradient alone, and the others were thrown away",
+                   f"cleared before each backward call (up to {most} backward calls between two steps, no optimizer "
+                   "step between them): the step applied the last call's gradient alone, and the earlier ones were "
+                   "lost, unless they only measured something (a saliency map, per-task gradients)",
                    "call optimizer.zero_grad() once per optimizer step, after step(), not inside the loop over "
                    "micro-batches; if the earlier backward calls only measured something, this is as intended")
 

@@ -76,11 +76,11 @@ class Track:
         self.fired: list = []          # the probes' flags since they were armed
         self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
-        self.fired_ver: list = []      # per flag, (id, version) of the probed parameter (a weight moved in place between)
-        self.kept: tuple | None = None   # (parameter ref, id of its .grad) after the last backward accumulated into it
+        self.fired_who: list = []      # per flag, (id, version, sum) of the probed parameter: did its weight move?
+        self.kept: dict = {}           # id(parameter) -> (ref, its .grad's direction statistic after the last backward)
+        self.skipped_at = 0            # the backward count at a GradScaler step that skipped this optimizer's
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
-        self.had_grad = False          # a parameter had a gradient after a step the probes looked after (_arm)
         self.light = False             # the probes armed hold one parameter and read no cosine (_looks_after)
         self.mode_mark = 0             # the engine's root-forward and backward counts at its last step
         self.bw_mark = 0               # (engine._check_mode)
@@ -411,12 +411,11 @@ class Track:
         chosen = [p for p in self.params if p.grad is not None and p.requires_grad and p.is_leaf][:1 if light else
                                                                                                    CARRY_PROBES]
         self.light = light
-        self.had_grad = self.had_grad or bool(chosen)
         self.fired.clear()
         self.fired_at.clear()
         self.fired_dots.clear()
-        self.fired_ver.clear()
-        self.kept = None
+        self.fired_who.clear()
+        self.kept = {}
         self.armed_step = step
         self.probes, self._unkept = [], []
         for p in chosen:
@@ -432,7 +431,7 @@ class Track:
 
         ref = weakref.ref(p)   # the hooks live on p: a strong reference would make a cycle only gc frees
         fired, at, dots, marks, pending = self.fired, self.fired_at, self.fired_dots, self.marks, []
-        versions = self.fired_ver
+        who, kept = self.fired_who, self.kept
         self._unkept.append((ref, pending))
 
         def look(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
@@ -441,18 +440,20 @@ class Track:
             with torch.no_grad():
                 flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
                 dot = _dot_norms(old, grad, self._zero3) if old is not None and not light else self._zero3
+                weight = param.detach().sum() if param is not None else None   # moved in place since (SAM, by .data)?
             pending[:] = [(flag, dot, marks() if marks is not None else (0, 0), grad,
-                           (id(param), param._version) if param is not None else None)]
+                           (id(param), param._version, weight) if param is not None else None)]
             return None
 
         def keep(param):
             if pending:
-                flag, dot, mark, _, version = pending.pop()
+                flag, dot, mark, _, whose = pending.pop()
                 fired.append(flag)
                 dots.append(dot)
                 at.append(mark)
-                versions.append(version)
-                self.kept = (ref, id(param.grad))
+                who.append(whose)
+                with torch.no_grad():
+                    kept[id(param)] = (ref, _direction(param.grad))
         return look, keep
 
     def _settle_unkept(self) -> None:
@@ -467,7 +468,7 @@ class Track:
             p = ref()
             if not pending or p is None or p.grad is None or self.light:   # a light look has no sums to tell by:
                 continue                                                     # not counted (a review: "4 of the 15")
-            flag, dot, mark, new, version = pending.pop()
+            flag, dot, mark, new, whose = pending.pop()
             if p.grad.is_sparse or new.is_sparse or p.grad.shape != new.shape:
                 continue
             with torch.no_grad():
@@ -479,8 +480,7 @@ class Track:
                 self.fired.append(flag * same.float())
             self.fired_dots.append(dot)
             self.fired_at.append(mark)
-            self.fired_ver.append(version)
-            self.kept = None   # .grad written by the loop, not by the backward
+            self.fired_who.append(whose)
         self._unkept = []
 
     def disarm(self, applied_at: int | None = None):
@@ -496,10 +496,9 @@ class Track:
             self.idle_off()
         if self.fired:
             self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
-            cleared = self._cleared() if applied_at is not None else []
-            if cleared:
-                self.queue.append(("cleared", (self, applied_at, len({self.fired_at[i][1] for i in cleared})),
-                                   torch.stack([self.fired[i] for i in cleared]).max()))
+            cleared = self._cleared() if applied_at is not None else None
+            if cleared is not None:
+                self.queue.append(("cleared", (self, applied_at, cleared[1]), cleared[0]))
             crossed = _after_other_step(self.fired_at) if applied_at is not None and not self.light else []
             if crossed:   # still there all the way (min), and the cosine between what was there and what came
                 first = [i for i in crossed if self.fired_at[i] == self.fired_at[crossed[0]]]
@@ -507,23 +506,38 @@ class Track:
                 cos = dot / (old * new).sqrt().clamp_min(1e-30)
                 self.queue.append(("crossed", (self, applied_at),
                                    torch.stack([torch.stack([self.fired[i] for i in crossed]).min(), cos.float()])))
-        self.fired, self.fired_at, self.fired_dots, self.fired_ver, self.kept = [], [], [], [], None
+        self.fired, self.fired_at, self.fired_dots, self.fired_who, self.kept = [], [], [], [], {}
 
-    def _cleared(self) -> list[int]:
-        """The looks of the backwards since the last step of any optimizer, when there were several, the weights did
-        not move between them, and the step applies the .grad the last one accumulated into: a zero flag at each (read
-        with the carry's, no sync here) says the gradients were cleared before every one (zero_grad inside the
-        micro-batch loop: the step applies the last one's alone, a sweep's miss). Not a GAN's loss on the other
-        model's parameters before that model stepped, not SAM's second backward (the weights moved in place between),
-        not a .grad the loop wrote itself (per-sample gradients summed into a buffer)."""
+    def _cleared(self):
+        """(a device value, the backward calls) for the looks since the last step of any optimizer (or GradScaler's
+        skip of this one's): per probed parameter looked at by two backward calls or more, with its weight unmoved
+        between them (its version, and its sum: SAM moving it through .data), and the step applying the .grad its last
+        backward accumulated into, up to a positive scale (clipping, unscaling; not per-sample gradients the loop summed
+        and wrote), its flags' maximum. A value of 0 (read with the carry's, no sync here) says one was cleared before
+        each of its backwards: zero_grad() inside the micro-batch loop, the step applying the last one's alone (a
+        sweep's miss). Parts only one backward reaches each (an actor and a critic, two backwards) ask nothing. None
+        when nothing is asked."""
+        import torch
+
         since = _after_other_step(self.fired_at) or list(range(len(self.fired)))
-        versions = {self.fired_ver[i] for i in since}   # (parameter, version): one each where no weight moved
-        if len({self.fired_at[i][1] for i in since}) < 2 or None in versions or self.kept is None \
-                or len(versions) != len({v[0] for v in versions}):
-            return []
-        ref, grad_id = self.kept
-        param = ref()
-        return since if param is not None and param.grad is not None and id(param.grad) == grad_id else []
+        by: dict[int, list[int]] = {}
+        for i in since:
+            if self.fired_at[i][1] > self.skipped_at and self.fired_who[i] is not None:
+                by.setdefault(self.fired_who[i][0], []).append(i)
+        values, calls = [], set()
+        for pid, idx in by.items():
+            ref, direction = self.kept.get(pid, (None, None))
+            param = ref() if ref is not None else None
+            if len({self.fired_at[i][1] for i in idx}) < 2 or len({self.fired_who[i][1] for i in idx}) != 1 \
+                    or param is None or param.grad is None:
+                continue
+            with torch.no_grad():
+                weights = torch.stack([self.fired_who[i][2] for i in idx])
+                moved = (weights.max() != weights.min()).float()
+                written = ((_direction(param.grad) - direction).abs() > 1e-4).float()
+                values.append(torch.stack([self.fired[i] for i in idx]).max() + moved + written)
+            calls |= {self.fired_at[i][1] for i in idx}
+        return (torch.stack(values).min(), len(calls)) if values else None
 
     def queued(self, final: bool) -> list:
         """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
@@ -1207,6 +1221,12 @@ def _dot_norms(old, new, zero3):
         return torch.stack([a @ b, a @ a, b @ b]).to(zero3.dtype)
     except Exception:   # noqa: BLE001 - a look only
         return zero3
+
+
+def _direction(g):
+    """A gradient's sum over its norm times √n (in [-1, 1]): the same for any positive multiple of it."""
+    g = g.detach().float()
+    return g.sum() / (g.square().sum().sqrt() * math.sqrt(max(g.numel(), 1))).clamp_min(1e-30)
 
 
 def _after_other_step(at: list) -> list[int]:
