@@ -8575,16 +8575,27 @@ def _micro_loop(kind: str, steps: int = 30):
     """A loop of 4 micro-batches per optimizer step. `inside`: zero_grad() before each micro-batch's backward (the step
     applies the last one's gradient alone); `healthy`: zero_grad() once per step; `sam`: SAM's two backwards, the
     weights moved between them and the gradients cleared; `per-sample`: per-sample gradients summed into a buffer
-    the loop writes into .grad (manual DP-SGD)."""
+    the loop writes into .grad (manual DP-SGD); `masked-task`: a micro-batch per task, the first masked out (exact
+    zeros accumulated); `skips`: one backward a step, every 7th batch skipped by hand (zero_grad, no step)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
     with Watch(model, opt, every=10) as w:
-        for _ in range(steps):
+        for step in range(steps):
             x = torch.randn(16, 8, generator=g)
             y = (x[:, 0] > 0).long()
-            if kind == "parts":   # one optimizer, two parts each reached by one backward (an actor and a critic)
+            if kind == "masked-task":   # two micro-batches, one per task; the first task absent from this batch, its
+                opt.zero_grad()          # loss masked to 0: exact zeros accumulated before the second's gradient
+                (F.cross_entropy(model(x), y, reduction="none") * torch.zeros(len(y))).mean().backward()
+                F.cross_entropy(model(x), y).backward()
+            elif kind == "skips":   # one backward a step; a bad batch now and then skipped by hand (zero_grad, no step)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                if step % 7 == 3:
+                    opt.zero_grad()
+                    continue
+            elif kind == "parts":   # one optimizer, two parts each reached by one backward (an actor and a critic)
                 opt.zero_grad()
                 h = model[1](model[0](x))
                 F.cross_entropy(model[2](h.detach()), y).backward()
@@ -8628,19 +8639,19 @@ def _micro_loop(kind: str, steps: int = 30):
 
 
 @pytest.mark.parametrize("kind", ["inside", "inside-rescaled", "healthy", "parts", "sam", "sam-data", "per-sample",
-                                  "per-sample-copy"])
+                                  "per-sample-copy", "masked-task", "skips"])
 def test_gradients_cleared_before_each_micro_batch_are_said_and_nothing_else(kind):
     """A sweep's miss: zero_grad() inside the loop over micro-batches threw 3 of every 4 gradients away (the run ended
     3x worse) and watch passed it. The carry probes' looks say it: at each backward since the step, nothing was there.
     Not SAM's second backward (the weights moved in place between), nor per-sample gradients the loop sums into .grad
     itself, nor healthy accumulation."""
-    r = _micro_loop(kind)
+    r = _micro_loop(kind, steps=40 if kind == "skips" else 30)
     if kind.startswith("inside"):
         f = finding(r, "grad-cleared-before-step")
         assert f.severity == "warning" and "up to 4 backward calls" in f.message and "zero_grad" in f.hint
     else:
         assert "grad-cleared-before-step" not in codes(r), [f.message for f in r.findings]
-    assert r.data["steps"] == 30
+    assert r.data["steps"] == (40 - 6 if kind == "skips" else 30)
 
 
 @pytest.mark.parametrize("case", ["ema-in-optimizer", "attack"])

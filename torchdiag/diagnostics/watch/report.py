@@ -409,13 +409,15 @@ def _wiring(result: Result, engine) -> None:
 
 
 def _cleared(result: Result, engine) -> None:
-    """grad-cleared-before-step (warning): at most of the steps looked at that had several backward calls before
-    them, with no other optimizer's step between and the weights unmoved, the gradients were cleared before each
+    """grad-cleared-before-step (warning): at most of the steps looked at, several backward calls before the step,
+    with no other optimizer's step between and the weights unmoved, the gradients were cleared before each
     (stats.Track._cleared): the step applied the last micro-batch's gradient alone (zero_grad inside the accumulation
     loop: a sweep's run ended 3x worse, and watch passed it)."""
-    multi = engine.checks.get("multi_looked", {})
+    looks = engine.checks.get("carry_looked", {})
     for key, (t, hits) in engine.checks.get("cleared", {}).items():
-        looked = multi.get(key, set())
+        # at most of the steps looked at: a loop that skips a bad batch now and then (zero_grad, no step) clears one
+        # backward's gradient at those steps alone (a review: "3 of the 3 steps" with several backwards)
+        looked = looks.get(key, set())
         if len(hits) < 2 or 2 * len(hits) <= len(looked):
             continue
         steps = [s for s, _ in hits]
@@ -424,7 +426,7 @@ def _cleared(result: Result, engine) -> None:
         whose = f" of {label} (over {t.names[0]}{' and more' if len(t.names) > 1 else ''})" if len(engine.tracks) > 1 \
             else ""
         result.add("grad-cleared-before-step", "warning", "",
-                   f"at {len(steps)} of the {len(looked)} steps looked at that had several backward calls before them "
+                   f"at {len(steps)} of the {len(looked)} steps looked at, each with several backward calls before it "
                    f"({', '.join(map(str, steps[:5]))}{' …' if len(steps) > 5 else ''}), the gradients{whose} were "
                    f"cleared before each backward call (up to {most} backward calls between two steps, no optimizer "
                    "step between them): the step applied the last call's gradient alone, and the earlier ones were "

@@ -440,9 +440,11 @@ class Track:
             with torch.no_grad():
                 flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
                 dot = _dot_norms(old, grad, self._zero3) if old is not None and not light else self._zero3
-                weight = param.detach().sum() if param is not None else None   # moved in place since (SAM, by .data)?
+                weight = _fingerprint(param) if param is not None else None   # moved in place since (SAM, by .data)?
+            # (id, version, weight, cleared: nothing there, as zero_grad() leaves it; an exactly zero gradient
+            # accumulated, a masked task's head or a hook's zeros, is not cleared: a review)
             pending[:] = [(flag, dot, marks() if marks is not None else (0, 0), grad,
-                           (id(param), param._version, weight) if param is not None else None)]
+                           (id(param), param._version, weight, old is None) if weight is not None else None)]
             return None
 
         def keep(param):
@@ -452,8 +454,11 @@ class Track:
                 dots.append(dot)
                 at.append(mark)
                 who.append(whose)
-                with torch.no_grad():
-                    kept[id(param)] = (ref, _direction(param.grad))
+                if param.grad is not None and not param.grad.is_sparse:   # (stepped and cleared in backward, by an
+                    with torch.no_grad():                                 # optimizer hook; a sparse embedding's:
+                        direction = _direction(param.grad)                # not asked)
+                    if direction is not None:
+                        kept[id(param)] = (ref, direction)
         return look, keep
 
     def _settle_unkept(self) -> None:
@@ -529,13 +534,14 @@ class Track:
             ref, direction = self.kept.get(pid, (None, None))
             param = ref() if ref is not None else None
             if len({self.fired_at[i][1] for i in idx}) < 2 or len({self.fired_who[i][1] for i in idx}) != 1 \
-                    or param is None or param.grad is None:
+                    or param is None or param.grad is None or param.grad.is_sparse:
                 continue
             with torch.no_grad():
                 weights = torch.stack([self.fired_who[i][2] for i in idx])
-                moved = (weights.max() != weights.min()).float()
-                written = ((_direction(param.grad) - direction).abs() > 1e-4).float()
-                values.append(torch.stack([self.fired[i] for i in idx]).max() + moved + written)
+                moved = (weights != weights[:1]).any().float()
+                written = ((_direction(param.grad) - direction).abs() > 1e-4).any().float()
+                kept = float(not all(self.fired_who[i][3] for i in idx))   # a gradient there at one of them
+                values.append(torch.stack([self.fired[i] for i in idx]).max() + moved + written + kept)
             calls |= {self.fired_at[i][1] for i in idx}
         return (torch.stack(values).min(), len(calls)) if values else None
 
@@ -1120,7 +1126,6 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
             checks.setdefault("carried_by", {})[id(payload[0])] = payload[0]
     elif kind == "cleared":   # several backwards before this optimizer's step, the gradients cleared before each
         track, step, backwards = payload
-        checks.setdefault("multi_looked", {}).setdefault(id(track), set()).add(step)
         if vals[0] == 0:
             checks.setdefault("cleared", {}).setdefault(id(track), (track, []))[1].append((step, backwards))
     elif kind == "crossed":   # a gradient made before another optimizer's step, still there when this one stepped,
@@ -1223,10 +1228,27 @@ def _dot_norms(old, new, zero3):
         return zero3
 
 
+def _fingerprint(t):
+    """Two numbers of a tensor's values (float32): its sum over √n, and a fixed pattern's weighted sum over at most
+    4,096 entries spread across it, over √m (a sum alone misses a change that sums to zero: a 2-class head's, a
+    review). None for what has no dense values to read (sparse, or a tensor subclass that refuses): not asked."""
+    import torch
+
+    if t.is_sparse:
+        return None
+    try:
+        flat = (torch.view_as_real(t.detach()) if t.is_complex() else t.detach()).reshape(-1).float()
+    except Exception:   # a hook of ours never breaks the user's backward
+        return None
+    few = flat[::max(1, flat.numel() // 4096)]
+    pattern = torch.cos(torch.arange(few.numel(), device=few.device, dtype=few.dtype) * 0.6180339887)
+    return torch.stack([flat.sum() / math.sqrt(max(flat.numel(), 1)), (few * pattern).sum() / math.sqrt(max(few.numel(), 1))])
+
+
 def _direction(g):
-    """A gradient's sum over its norm times √n (in [-1, 1]): the same for any positive multiple of it."""
-    g = g.detach().float()
-    return g.sum() / (g.square().sum().sqrt() * math.sqrt(max(g.numel(), 1))).clamp_min(1e-30)
+    """A gradient's fingerprint over its norm: the same for any positive multiple of it (None: _fingerprint)."""
+    mark = _fingerprint(g)
+    return None if mark is None else mark / g.detach().abs().float().square().sum().sqrt().clamp_min(1e-30)
 
 
 def _after_other_step(at: list) -> list[int]:
