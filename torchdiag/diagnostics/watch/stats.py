@@ -76,7 +76,7 @@ class Track:
         self.fired: list = []          # the probes' flags since they were armed
         self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
-        self.fired_who: list = []      # per flag, (id, version, sum) of the probed parameter: did its weight move?
+        self.fired_who: list = []      # per flag, (id, version, fingerprint, no .grad before) of the probed parameter
         self.kept: dict = {}           # id(parameter) -> (ref, its .grad's direction statistic after the last backward)
         self.skipped_at = 0            # the backward count at a GradScaler step that skipped this optimizer's
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
@@ -516,7 +516,7 @@ class Track:
     def _cleared(self):
         """(a device value, the backward calls) for the looks since the last step of any optimizer (or GradScaler's
         skip of this one's): per probed parameter looked at by two backward calls or more, with its weight unmoved
-        between them (its version, and its sum: SAM moving it through .data), and the step applying the .grad its last
+        between them (its version, and its fingerprint: SAM moving it through .data), and the step applying the .grad its last
         backward accumulated into, up to a positive scale (clipping, unscaling; not per-sample gradients the loop summed
         and wrote), its flags' maximum. A value of 0 (read with the carry's, no sync here) says one was cleared before
         each of its backwards: zero_grad() inside the micro-batch loop, the step applying the last one's alone (a
@@ -537,9 +537,12 @@ class Track:
                     or param is None or param.grad is None or param.grad.is_sparse:
                 continue
             with torch.no_grad():
+                now = _direction(param.grad)
+                if now is None:
+                    continue
                 weights = torch.stack([self.fired_who[i][2] for i in idx])
                 moved = (weights != weights[:1]).any().float()
-                written = ((_direction(param.grad) - direction).abs() > 1e-4).any().float()
+                written = ((now - direction).abs() > 1e-4).any().float()
                 kept = float(not all(self.fired_who[i][3] for i in idx))   # a gradient there at one of them
                 values.append(torch.stack([self.fired[i] for i in idx]).max() + moved + written + kept)
             calls |= {self.fired_at[i][1] for i in idx}
