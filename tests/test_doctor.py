@@ -278,6 +278,23 @@ def test_batchnorm_batch_one_probe_warns_when_batch_is_larger(cli):
     assert m["severity"] == "info" and m["where"] == "bn" and "BatchNorm1d" in m["message"]
 
 
+@pytest.mark.parametrize("seen", [0, 50])
+def test_the_mode_difference_says_when_batchnorm_statistics_had_seen_no_batch(seen):
+    """A sweep: timm's mobileone_s0 as built had "max |train − eval| output difference 1.197e+15 ... as designed", read
+    as a broken model: its eval output normalised with running statistics that had seen no batch. Said where they had
+    not (counts read, not names); a model whose statistics saw batches is said as before. The model is untouched."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    with torch.no_grad():
+        for _ in range(seen):
+            model(torch.randn(8, 8) * 50 + 20)
+    (f,) = [f for f in run("doctor", model, torch.randn(8, 8) * 50 + 20).findings if f.code == "mode-dependent"]
+    assert ("had seen no batch" in f.message) == (seen == 0), f.message
+    assert int(model[1].num_batches_tracked) == seen
+
+
 class _NormThenMean(nn.Module):
     """StarNet's end: BatchNorm2d over the last feature map, then the mean of its positions, then the head. `act`
     between them (a ReLU, as in most CNNs) keeps what the sample was."""
