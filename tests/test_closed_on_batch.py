@@ -3,6 +3,8 @@ linears of a squeeze-excite block whose 8 ReLU units were all zero on the 2 samp
 samples). After the short training run, fresh draws of torchdiag's own inputs give them a gradient for at least a
 quarter of the samples: closed-on-batch, info. A unit closed for every input keeps its error, and so does one shut on
 a user's own batch (mixing its entries makes inputs the data may never have: a review's one-hot DNA)."""
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -95,9 +97,15 @@ def test_a_users_own_batch_keeps_its_error(command):
     assert res.exit_code == 1 and "closed-on-batch" not in {f.code for f in res.findings}
 
 
-def test_the_share_of_batches_needed_grows_with_the_batch():
-    """At least a quarter of samples must open it: a batch opens it when any sample does, so the share of batches
-    needed is 1 - 0.75^n. A review: "half the batches" let 1 sample in 50 pass at batch 64 (0.73 of batches)."""
+def test_the_share_of_batches_needed_grows_with_the_batch_and_large_batches_tell_nothing():
+    """As often as a quarter of samples opening it would: a batch opens it when any sample does, so the share of
+    batches needed is 1 - 0.75^n. A review: "half the batches" let 1 sample in 50 pass at batch 64; a second: at
+    batch 64 a unit open for 5% of samples opens 96% of batches (8 of 8 passed 74% of the time), so no batch past 8
+    samples is asked."""
     assert open_often(4, 8, 2) and not open_often(3, 8, 2)          # 1 - 0.75^2 = 0.4375 of 8 = 3.5
-    assert not open_often(7, 8, 64) and open_often(8, 8, 64)        # 0.98^64 leaves 27% of batches shut: 6 of 8
+    assert open_often(8, 8, 8) and not open_often(7, 8, 8)          # 1 - 0.75^8 = 0.90 of 8 = 7.2
+    assert not open_often(8, 8, 9) and not open_often(8, 8, 64)
     assert not open_often(0, 0, 2)
+    # closed form: a unit open for 5% of samples, batch 2, passes with P(Binomial(8, 0.0975) >= 4) < 1%
+    p = 1 - 0.95 ** 2
+    assert sum(math.comb(8, k) * p ** k * (1 - p) ** (8 - k) for k in range(4, 9)) < 0.01

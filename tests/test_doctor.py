@@ -295,6 +295,21 @@ def test_the_mode_difference_says_when_batchnorm_statistics_had_seen_no_batch(se
     assert int(model[1].num_batches_tracked) == seen
 
 
+def test_trained_statistics_loaded_without_their_count_are_not_said_fresh():
+    """A review: a trained model's checkpoint saved without num_batches_tracked loads its trained statistics beside a
+    count of 0, and doctor said they "had seen no batch". The values are asked too."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    with torch.no_grad():
+        for _ in range(50):
+            model(torch.randn(8, 8) * 50 + 20)
+    model[1].num_batches_tracked.zero_()   # as a state dict without the key leaves it
+    (f,) = [f for f in run("doctor", model, torch.randn(8, 8) * 50 + 20).findings if f.code == "mode-dependent"]
+    assert "had seen no batch" not in f.message, f.message
+
+
 class _NormThenMean(nn.Module):
     """StarNet's end: BatchNorm2d over the last feature map, then the mean of its positions, then the head. `act`
     between them (a ReLU, as in most CNNs) keeps what the sample was."""

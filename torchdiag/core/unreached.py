@@ -387,14 +387,16 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], 
 
 
 OPEN_BATCHES = 8   # fresh batches a zero gradient of the batch alone is asked about (open_elsewhere)
-OPEN_SAMPLES = 0.25   # the share of samples that must open it, at least: a unit shut for 3 inputs in 4 is not dead
+OPEN_SAMPLES = 0.25   # the share of samples that opens it where it counts: a unit shut for 3 inputs in 4 is not dead
+OPEN_BATCH = 8        # the largest batch asked: past it a batch opens a unit almost whatever its share
 
 
 def open_often(opened: int, runs: int, batch: int) -> bool:
-    """Do `opened` of `runs` fresh batches of `batch` samples say that at least OPEN_SAMPLES of samples open it? A
-    batch opens it when any one sample does, so the share of batches it takes grows with the batch (a review: at
-    half the batches, 1 sample in 50 passed at batch 64)."""
-    return runs > 0 and opened >= runs * (1.0 - (1.0 - OPEN_SAMPLES) ** max(batch, 1))
+    """Do `opened` of `runs` fresh batches of `batch` samples open it as often as OPEN_SAMPLES of samples opening it
+    would (1 - 0.75^n of the batches)? A batch opens it when any one sample does, so batches tell the share only while
+    they are small (a review: at batch 64 a unit open for 5% of samples opens 96% of batches): none past OPEN_BATCH,
+    where a batch shut for all its samples is itself a sign the unit is rarely open."""
+    return runs > 0 and 0 < batch <= OPEN_BATCH and opened >= runs * (1.0 - (1.0 - OPEN_SAMPLES) ** batch)
 
 
 def open_elsewhere(work, inputs, names: list[str], ctx) -> tuple[dict[str, int], int]:

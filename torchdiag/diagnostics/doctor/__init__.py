@@ -42,7 +42,7 @@ from .dtypes import check_dtypes, check_promotion
 from .edits import check_edits
 from .frozen import check_frozen, frozen_groups
 from .input_stats import input_stats, raw_pixels
-from .modes import dropout_rate, mode_modules
+from .modes import dropout_rate, fresh_statistics, mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .probe import Probe
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
@@ -131,7 +131,8 @@ def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Re
         return
     eval_out, train_loss = ready
     wrapped = make_wrapped(work, ctx, result) if gate is not None else None
-    train_checks(Probe(work, inputs, ctx, train_loss, ck, result, eval_out=eval_out, wrapped=wrapped))
+    train_checks(Probe(work, inputs, ctx, train_loss, ck, result, eval_out=eval_out, wrapped=wrapped,
+                       fresh_bn=fresh_statistics(work)))
     _after_training(work, inputs, train_loss, ck, result, erased)
 
 

@@ -44,9 +44,10 @@ def idle_dropouts(model) -> int:
     return sum(isinstance(m, kinds) and getattr(m, "p", 0) == 0 for m in model.modules())
 
 
-def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth_off: int = 0) -> None:
+def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth_off: int = 0,
+                fresh: bool = False) -> None:
     """The outputs of one eval and one train forward of `model` (`depth_off` stochastic depth modules turned off
-    in it)."""
+    in it; `fresh`: fresh_statistics of it when the eval output was made)."""
     mods, idle = mode_modules(model), idle_dropouts(model)
     # "no Dropout" beside 12 Dropout(p=0) modules read as false (a sweep's HF models)
     none = f"no active Dropout/BatchNorm ({idle} Dropout with p=0)" if idle else "no Dropout/BatchNorm"
@@ -67,10 +68,9 @@ def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth
                    "the output yet (on a branch that starts closed)"
         else:
             said = f"{kinds} make train and eval outputs differ{dtxt}"
-        fresh = diff is not None and _fresh_statistics(model)
         result.add("mode-dependent", "info", where, f"{said}, as designed: "
                    "model.eval() for validation/inference, model.train() for training"
-                   + (FRESH if fresh else ""))
+                   + (FRESH if fresh and diff is not None else ""))
         ck.row("modes", "info", said.replace("make train and eval outputs differ", "differ in train and eval"), where,
                "", "mode-dependent")
     elif diff is not None and diff > 1e-5 * scale(eval_out) + 1e-6:   # beyond kernel-choice rounding
@@ -96,19 +96,25 @@ FRESH = ("; the BatchNorm running statistics had seen no batch when the eval out
          "differ far less")
 
 
-def _fresh_statistics(model) -> bool:
-    """Has every BatchNorm that tracks running statistics seen at most the one train-mode batch of doctor's own pass
-    (the eval forward came before it)? One read of their counts."""
+def fresh_statistics(model) -> bool:
+    """Are the running statistics of every BatchNorm that tracks them as built: no batch counted, mean 0, variance 1?
+    Asked before doctor's train-mode pass (which counts one). The values too, not the count alone: a checkpoint saved
+    without num_batches_tracked loads trained statistics beside a count of 0 (a review). One read."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    counts: list = [m.num_batches_tracked for m in model.modules() if isinstance(m, _BatchNorm)
-                    and m.track_running_stats and isinstance(getattr(m, "num_batches_tracked", None), torch.Tensor)]
-    if not counts:
+    stats: list = [(m.running_mean, m.running_var, m.num_batches_tracked) for m in model.modules()
+                   if isinstance(m, _BatchNorm) and m.track_running_stats and isinstance(m.running_mean, torch.Tensor)
+                   and isinstance(m.running_var, torch.Tensor)]
+    if not stats:
         return False
     from ...core.readback import read_back
 
-    return bool(read_back([torch.stack([c.to(counts[0].device) for c in counts]).max() <= 1])[0])
+    device = stats[0][0].device
+    as_built = [((mean == 0).all() & (var == 1).all()
+                 & ((count == 0) if isinstance(count, torch.Tensor) else torch.tensor(True, device=mean.device))
+                 ).to(device) for mean, var, count in stats]
+    return bool(read_back([torch.stack(as_built).all()])[0])
 
 
 def _only_depth(model, mods) -> bool:

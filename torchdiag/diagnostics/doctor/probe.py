@@ -18,6 +18,7 @@ class Probe:
     ck: Checklist
     result: Result
     eval_out: Any = None     # the eval forward's output (the modes check compares the train-mode one to it)
+    fresh_bn: bool = False   # its BatchNorm statistics were as built when it was made (modes.fresh_statistics)
     scaler: Any = None       # --amp fp16: the GradScaler the backward and the step go through
     wrapped: Any = None      # under torchrun --wrap: wrapped.Wrapped, the copy `work` is the module of
     nonfinite: bool = False  # the train-mode loss is already NaN/Inf: a non-finite update is its consequence

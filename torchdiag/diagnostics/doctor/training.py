@@ -58,7 +58,7 @@ def train_checks(probe: Probe) -> None:
         if retry is not None:   # a batch of 1 BatchNorm refuses: the other checks run on a batch of 2
             train_checks(replace(probe, inputs=retry))
         return
-    check_modes(work, probe.eval_out, out, probe.ck, probe.result, off)
+    check_modes(work, probe.eval_out, out, probe.ck, probe.result, off, probe.fresh_bn)
     if _backward(probe, out):
         probe.ck.row("inplace", "ok", "backward runs")
         update_check(probe)
@@ -101,7 +101,7 @@ def _wrapped_checks(probe: Probe) -> bool:
         failed = True
     if _fall_back(w, failed, "backward", result):
         return False
-    check_modes(w.user, probe.eval_out, out, probe.ck, result, off)
+    check_modes(w.user, probe.eval_out, out, probe.ck, result, off, probe.fresh_bn)
     probe.ck.row("inplace", "ok", "backward runs")
     update_check(replace(probe, work=w.user, scaler=scaler))
     return True

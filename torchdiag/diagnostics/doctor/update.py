@@ -297,9 +297,10 @@ def _closed_on_batch(probe: Probe, before: dict, names: list[str]) -> set[str]:
         probe.result.add("closed-on-batch", "info", repeats.common_path(closed) or "(root)",
                          f"{len(closed)} parameter tensor(s) ({', '.join(closed[:6])}{' …' if len(closed) > 6 else ''})"
                          f" get a gradient of zeros only on this batch: after a short training run on a copy "
-                         f"({gates.STEPS} optimizer steps), at least {least} of {runs} fresh batches of the inputs' kind "
-                         f"give each a gradient, so at least {OPEN_SAMPLES:.0%} of samples do; a unit on their path (a "
-                         "ReLU, a gate) is shut for every sample of this batch",
+                         f"({gates.STEPS} optimizer steps), at least {least} of {runs} fresh batches of "
+                         f"{probe.inputs.batch_size} of the inputs' kind give each a gradient, as often as a unit open "
+                         f"for {OPEN_SAMPLES:.0%} of samples would; a unit on their path (a ReLU, a gate) is shut for "
+                         "every sample of this batch",
                          hint="judge them on more data: --batch, a larger -b", members=closed)
     return set(closed)
 

@@ -309,7 +309,7 @@ def _why(kind, cause) -> str:
             "routed-by-input": "the forward routes each input to some of its parts (an MoE router); fresh inputs of "
                                "the batch's kind, on a copy, give them a gradient: a larger batch reaches them",
             "closed-on-batch": "after a short training run on a copy, fresh inputs of their kind give each a "
-                               "gradient (at least a quarter of samples): a unit on their path (a ReLU, a gate) is shut "
+                               "gradient (as often as a unit open for a quarter of samples would): a unit on their path (a ReLU, a gate) is shut "
                                "for every sample of this batch; judge them on more data (--batch, a larger -b)"}.get(kind, "")
 
 

@@ -261,15 +261,15 @@ def _closed_on_batch(model, inputs, rows, steps: int, result, opts, ctx, prepare
                         f"copy after a short training run ({steps} optimizer steps on the batch)")
     for r in rows:
         if open_often(counts[r["name"]], runs, inputs.batch_size or 1):
-            r.update(status=CLOSED, allowed=False, design={"kind": CLOSED, "why": closed_why(counts[r["name"]], runs,
-                                                                                              steps)})
+            r.update(status=CLOSED, allowed=False, design={"kind": CLOSED, "why": closed_why(
+                counts[r["name"]], runs, inputs.batch_size or 1, steps)})
 
 
-def closed_why(opened: int, runs: int, steps: int) -> str:
+def closed_why(opened: int, runs: int, batch: int, steps: int) -> str:
     return (f"exactly zero on this batch, still after a short training run on a copy ({steps} optimizer steps), and "
-            f"not on fresh inputs of its kind: {opened} of {runs} fresh batches give a gradient on that copy, so at "
-            f"least {OPEN_SAMPLES:.0%} of samples do. A unit on the path (a ReLU, a gate) is shut for every sample of "
-            "this batch; judge on more data (--batch, a larger -b)")
+            f"not on fresh inputs of its kind: {opened} of {runs} fresh batches of {batch} give a gradient on that "
+            f"copy, as often as a unit open for {OPEN_SAMPLES:.0%} of samples would. A unit on the path (a ReLU, a "
+            "gate) is shut for every sample of this batch; judge on more data (--batch, a larger -b)")
 
 
 def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
