@@ -368,14 +368,6 @@ def fresh_copy(model, ctx, eval_mode: bool = False, prepare: Callable | None = N
     return work
 
 
-def trained_copy(model, inputs, ctx, steps: int, eval_mode: bool = False, prepare: Callable | None = None):
-    """A fresh copy after `steps` optimizer steps on the batch, with the run's loss and optimizer: where the short run
-    left the model (a zero-initialised gate opened), for a question asked of it after."""
-    work = fresh_copy(model, ctx, eval_mode, prepare, steps=True)
-    train_steps(work, inputs, ctx, steps)
-    return work
-
-
 def train_steps(work, inputs, ctx, steps: int) -> None:
     """`steps` optimizer steps of the run's optimizer on `work` (a copy), with the run's loss on the batch."""
     optimizer = ctx.optimizer([p for p in work.parameters() if p.requires_grad])

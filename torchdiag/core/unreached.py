@@ -427,6 +427,18 @@ def open_elsewhere(work, inputs, names: list[str], ctx) -> tuple[dict[str, int],
     return counts, runs
 
 
+def closed_on_batch(work, inputs, names: list[str], ctx, steps: int) -> tuple[list[str], dict[str, int], int]:
+    """Of `names` (a gradient all zeros on the batch, still after the short run), those the batch alone shut: `work`, a
+    training copy of the model as it started, takes the short run's `steps` steps on the batch (its zero-initialised
+    gates open), then fresh batches ask (open_elsewhere, open_often). (those, in `names`' order; the counts; the fresh
+    batches run). gradflow's and doctor's closed-on-batch."""
+    from .gates import train_steps
+
+    train_steps(work, inputs, ctx, steps)
+    counts, runs = open_elsewhere(work, inputs, names, ctx)
+    return [n for n in names if open_often(counts[n], runs, inputs.batch_size or 1)], counts, runs
+
+
 REFUSED_FIRST = 3   # fresh batches the forward refuses, all of the first ones, before the re-check gives up
 
 

@@ -27,13 +27,12 @@ from ...core.unreached import (
     ROUTED_HINT,
     SKIPPED_AT_RANDOM,
     by_top_module,
+    closed_on_batch,
     in_a_stack,
     never_ran,
     no_grad_message,
     not_reached,
     not_reached_message,
-    open_elsewhere,
-    open_often,
     reached_by_other_draws,
     reached_by_other_inputs,
     routed_message,
@@ -285,14 +284,12 @@ def _closed_on_batch(probe: Probe, before: dict, names: list[str]) -> set[str]:
         copy = initial_copy(probe.work, before, ctx=probe.ctx)
         copy.train()
         stochastic_depth_off(copy)
-        gates.train_steps(copy, probe.inputs, probe.ctx, gates.STEPS)
-        counts, runs = open_elsewhere(copy, probe.inputs, names, probe.ctx)
+        closed, counts, runs = closed_on_batch(copy, probe.inputs, names, probe.ctx, gates.STEPS)
     except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
         probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs after a "
                                   f"short training run: {exc.message}")
         return set()
-    closed = [n for n in names if open_often(counts[n], runs, probe.inputs.batch_size or 1)]   # in model order
-    if closed:
+    if closed:   # (in model order)
         least = min(counts[n] for n in closed)
         probe.result.add("closed-on-batch", "info", repeats.common_path(closed) or "(root)",
                          f"{len(closed)} parameter tensor(s) ({', '.join(closed[:6])}{' …' if len(closed) > 6 else ''})"

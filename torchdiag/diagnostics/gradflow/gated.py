@@ -17,9 +17,8 @@ from ...core.unreached import (
     NOT_REACHED,
     OPEN_SAMPLES,
     ROUTED_BY_INPUT,
+    closed_on_batch,
     made_up_padding,
-    open_elsewhere,
-    open_often,
     padding_why,
     reached_by_other_inputs,
 )
@@ -250,8 +249,8 @@ def _closed_on_batch(model, inputs, rows, steps: int, result, opts, ctx, prepare
     if not rows or opts.eval_mode or not inputs.made_up:
         return
     try:
-        work = gates.trained_copy(model, inputs, ctx, steps, opts.eval_mode, prepare)
-        counts, runs = open_elsewhere(work, inputs, [r["name"] for r in rows], ctx)
+        closed, counts, runs = closed_on_batch(gates.fresh_copy(model, ctx, opts.eval_mode, prepare, steps=True),
+                                               inputs, [r["name"] for r in rows], ctx, steps)
     except ModelError as exc:
         result.notes.append(f"zero gradients not re-checked with fresh inputs after a short training run: {exc.message}")
         return
@@ -260,7 +259,7 @@ def _closed_on_batch(model, inputs, rows, steps: int, result, opts, ctx, prepare
     result.notes.append(f"{len(rows)} zero gradient(s) re-checked with {runs} fresh batch(es) of the inputs' kind on a "
                         f"copy after a short training run ({steps} optimizer steps on the batch)")
     for r in rows:
-        if open_often(counts[r["name"]], runs, inputs.batch_size or 1):
+        if r["name"] in closed:
             r.update(status=CLOSED, allowed=False, design={"kind": CLOSED, "why": closed_why(
                 counts[r["name"]], runs, inputs.batch_size or 1, steps)})
 

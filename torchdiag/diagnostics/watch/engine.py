@@ -167,7 +167,6 @@ class Engine:
                                                   # larger (an epoch's last batch: drop_last=False)
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
-        self._pre_marks: dict[int, ModuleHook] = {}    # id(root) -> its pre-hook, which keeps what a fullgraph trace allows
         self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
         self._inner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(root) -> the user's module
         self._root_refs: dict[int, weakref.ref] = {}   # id(root) -> a weak reference whose callback notes its end
@@ -556,7 +555,7 @@ class Engine:
             self.checks["dropout_high"][self._order[id(root)]] = dropping_most(inner(root), self.root_prefix(root))
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         handle = hook_root(root, self._root_pre, self._root_post)
-        self._root_handles[id(root)], self._pre_marks[id(root)] = [handle], handle.mark
+        self._root_handles[id(root)] = [handle]
         if compiled(root):
             self._unhooked("a torch.compile'd model: watch hooks its outer module (steps, loss, "
                                            "gradients, modes); dead units are not checked: compiled code does not "
@@ -1197,7 +1196,6 @@ class Engine:
             rid = self._dead_roots.pop()
             for h in self._root_handles.pop(rid, []):
                 h.remove()
-            self._pre_marks.pop(rid, None)
             self._root_refs.pop(rid, None)
             self._probes.pop(rid, None)
             self._eval_roots.pop(rid, None)
@@ -1614,9 +1612,9 @@ class Engine:
         """A backward: the roots called since the last one fed it, each in the mode of its last call, or-ed with what
         earlier backwards since the last step gave (a review: one micro-batch of four run in eval was missed unless it
         was the last)."""
-        for r, mark in self._pre_marks.items():
-            if mark.train_seen or mark.eval_seen:
-                self._traced_call(r, mark)
+        for r, (handle,) in self._root_handles.items():   # what a fullgraph trace let the pre-hook keep
+            if handle.mark.train_seen or handle.mark.eval_seen:
+                self._traced_call(r, handle.mark)
         for r, c in self._called.items():
             if c > self._fed_mark:
                 # (a root not adopted yet, found at the first step: its mode as discovery saw it)
