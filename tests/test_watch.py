@@ -254,6 +254,50 @@ def test_nan_between_reads_on_an_accelerator_keeps_its_exact_step(monkeypatch):
     assert "replay" not in r.data and "every=1" in f.hint and r.data["reads"] == 60 // 10 + 1
 
 
+def _dropping_loop(model, opt, steps, nan_at, applied_at=None):
+    """A loop that skips a batch whose gradients are non-finite after its backward (corrupt records), cleared by
+    the next iteration's zero_grad; at `applied_at` it steps anyway."""
+    g = torch.Generator().manual_seed(0)
+    for i in range(steps):
+        x = torch.randn(16, 8, generator=g)
+        y = (x[:, :3].sum(1) > 0).long()
+        if i in nan_at or i == applied_at:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if i != applied_at and not all(torch.isfinite(p.grad).all() for p in model.parameters()):
+            continue
+        opt.step()
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_nan_batches_the_loop_drops_are_info_and_a_nan_it_applies_stays_an_error(monkeypatch, on_host):
+    """A review: a loop dropping its NaN records after their backward got a non-finite-loss error, the run healthy.
+    The steps that took those losses applied finite gradients: info, counted, the first batch replayed (on the
+    host). A NaN the same loop then applies is the error, at its step."""
+    from torchdiag.diagnostics.watch import stats
+
+    if not on_host:
+        monkeypatch.setattr(stats, "host_visible", lambda device: False)
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    with Watch(model, opt, every=10) as w:
+        _dropping_loop(model, opt, 60, {5, 20, 33})
+    r = w.result()
+    f = finding(r, "non-finite-loss-dropped")
+    assert f.severity == "info" and codes(r) == set(), r.findings
+    assert "3 of 57 steps" in f.message and "the first at step 6" in f.message
+    assert ("input already holds NaN" in f.hint) == on_host and r.data["first_non_finite_step"] is None
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    with Watch(model, opt, every=10) as w:
+        _dropping_loop(model, opt, 60, {5, 20}, applied_at=40)
+    r = w.result()
+    assert "2 of 39 steps" in finding(r, "non-finite-loss-dropped").message
+    f = finding(r, "non-finite-loss")
+    assert f.severity == "error" and "step 39" in f.message and r.data["first_non_finite_step"] == 39
+
+
 def test_nan_born_in_backward_is_named():
     r = script("watch_nan_backward", "--bad-step", 30, every=10)
     f = finding(r, "non-finite-gradient")

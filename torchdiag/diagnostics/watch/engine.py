@@ -240,6 +240,7 @@ class Engine:
         self._read_after: set = set()       # steps of this read's window whose gradients were read after the update
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
+        self.dropped_losses = None          # (first step, count, its event): non-finite losses not applied (_dropped)
         self._bad_in: tuple | None = None   # (track, its steps since the clock's) of a read a non-clock step made
         self._uncounted: list = []          # (event, id of its track, its steps since the clock's): _credit numbers it
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
@@ -1162,6 +1163,7 @@ class Engine:
         """The provisional clock's steps were an attack's: they were never read (no callback, no TensorBoard saw
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
+        self.dropped_losses = None
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
         self.handovers, self._clock_keys, self._owners, self.stop_handovers = [], None, {}, []
         self._clip_window = []
@@ -1791,12 +1793,16 @@ class Engine:
         norms: dict = {}   # step -> the total gradient norm of the optimizer that took it (owners: the clock then)
         reach: dict = {}   # step -> the index of the set of parameters its gradient reached (_reach_set)
         clipped: list = [None] * len(steps)
+        mixed: set = set()   # steps whose losses were non-finite and finite (_first_nonfinite)
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
                 pos = 0
                 self.micro = max([self.micro, *payload])
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
+                    if n > 1 and loss[i] is not None and not math.isfinite(loss[i]) and any(
+                            math.isfinite(v) for v in vals[pos:pos + n]):
+                        mixed.add(steps[i])   # a finite loss beside it: the gradient applied may be that one's
                     pos += n
             elif kind == "clip":   # the norm before clipping, where the loop clipped (clip.py)
                 pos = 0
@@ -1823,7 +1829,8 @@ class Engine:
         self.reach.extend(reach.get(s) for s in steps)
         if steps:
             self.series.setdefault("step", []).extend(steps)
-        self._first_nonfinite(steps, loss)
+        self._first_nonfinite(steps, loss, lambda s: s in mixed and math.isfinite(
+            (norms.get(s) if (c := clipped[steps.index(s)]) is None else c) or math.nan))
 
     def _reach_set(self, track, codes: list) -> int | None:
         """The index of the set of `track`'s parameters a step's reach codes name (stats._reach_codes), added the
@@ -1843,13 +1850,22 @@ class Engine:
             self._reach_seen[seen] = key
         return key
 
-    def _first_nonfinite(self, steps, loss):
+    def _first_nonfinite(self, steps, loss, dropped):
         """The first non-finite loss or gradient, once: replayed when it is this very step (the weights
-        that produced it are still in place), else reported with the step it happened at."""
+        that produced it are still in place), else reported with the step it happened at. A non-finite loss of a
+        step that took a finite one too and applied finite gradients is not it (_dropped)."""
         if self._first_bad_found:
             return
-        bad_loss = next((s for s, v in zip(steps, loss) if v is not None and not math.isfinite(v)), None)
         bad_grad = min((t.first_bad for t in self.tracks.values() if t.first_bad), key=lambda fb: fb[0], default=None)
+        bad_loss = None
+        for s, v in zip(steps, loss):
+            if v is None or math.isfinite(v):
+                continue
+            if (bad_grad is None or s < bad_grad[0]) and dropped(s):
+                self._dropped(s)
+                continue
+            bad_loss = s
+            break
         if bad_loss is None and bad_grad is None:
             return
         if bad_grad is not None and (bad_loss is None or bad_grad[0] < bad_loss):
@@ -1862,6 +1878,24 @@ class Engine:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
         event["before_update"] = event["step"] not in self._read_after   # its gradients read before the update
+        self._replay_event(event, dict(zip(steps, loss)).get(event["step"]))
+        self.events.append(event)
+        self._first_bad_found = True
+
+    def _dropped(self, step: int) -> None:
+        """A non-finite loss at `step` whose step applied finite gradients: the loop dropped that batch's gradient
+        (a loop skipping bad batches by hand, after their backward: a review's NaN records were a false error), or
+        the loss's non-finite part reached no parameter. Counted; the first replayed, to say why it went bad."""
+        first = self.dropped_losses
+        self.dropped_losses = (first[0] if first else step, (first[1] if first else 0) + 1,
+                               first[2] if first else None)
+        if first is None:
+            event = {"kind": "loss", "step": step, "params": [], "epoch": self.epoch, "before_update": True}
+            self._replay_event(event, math.nan)
+            self.dropped_losses = (step, 1, event)
+
+    def _replay_event(self, event: dict, loss) -> None:
+        """The batch of `event`'s step replayed on its weights where they are still in place, else why not."""
         call = self._stepped_bad or self.last_call
         if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
                 and call is not None and call[0]() is not None):
@@ -1869,7 +1903,7 @@ class Engine:
 
             root = call[0]()   # its modules named as the rows are where there are several models
             event["replay"] = _norm_overflow(replay(root, *call[1:], prefix=self.root_prefix(root)), event,
-                                             dict(zip(steps, loss)).get(event["step"]), self.tracks.values())
+                                             loss, self.tracks.values())
             # the batch the step went bad on was not told: a non-finite gradient with every loss finite (a review:
             # sqrt at 0 in micro-batch 1 of 4), or a loss off the CPU; the replay of the last says what it replayed
             if self._stepped_bad is None and self._step_losses > 1 and event["replay"].get("direction") == "loss" \
@@ -1884,8 +1918,6 @@ class Engine:
                                     "were already updated (on an accelerator watch looks only at read steps: a "
                                     "look per step would be a sync per step); every=1 replays the batch at the "
                                     "step itself")
-        self.events.append(event)
-        self._first_bad_found = True
 
     def finish(self):
         """The last read (what the steps since the previous read left), then detach."""

@@ -219,6 +219,7 @@ def _nonfinite(result: Result, engine) -> None:
         result.data["first_non_finite_step"] = e["step"]
     if not engine.events:
         result.data["first_non_finite_step"] = None
+    _dropped(result, engine)
     for name, step in engine.checks["param_nonfinite"].items():
         if not engine.events:
             result.add("non-finite-parameter", "error", name, f"parameter {name} is non-finite at step {step}",
@@ -228,6 +229,25 @@ def _nonfinite(result: Result, engine) -> None:
         result.add("non-finite-bn-stats", "error", name.rsplit(".", 1)[0],
                    f"BatchNorm statistic {name} is non-finite at step {step}",
                    "a non-finite activation reached the BatchNorm in training mode; eval outputs will be wrong")
+
+
+def _dropped(result: Result, engine) -> None:
+    """Non-finite losses of steps that took a finite one too and applied finite gradients (engine._dropped): not the
+    run's NaN, which the loop kept out of its updates (a step whose every loss was non-finite applied what they gave). As GradScaler's skips: a few are said as info, most of the steps as a warning."""
+    if engine.dropped_losses is None:
+        return
+    first, count, event = engine.dropped_losses
+    said = (f"{count} of {engine.step} steps took a non-finite loss beside a finite one (the first at step {first}) "
+            "and applied finite gradients: the loop dropped those batches' gradients after their backward, or their "
+            "non-finite part reached no parameter")
+    rep = event.get("replay") if event else None
+    if rep and "error" not in rep:
+        hint = f"replayed the first batch on the weights of that step: {rep['detail']}"
+    else:
+        hint = "find the batches that give it (their inputs, their targets), or the part of the loss that does"
+    level = "warning" if count >= max(10, engine.step // 2) else "info"
+    result.add("non-finite-loss-dropped", level, "", said + (": half the steps or more lost a batch" if level == "warning"
+                                                            else ""), hint)
 
 
 def _scaler(result: Result, engine) -> None:
