@@ -8629,8 +8629,8 @@ def _micro_loop(kind: str, steps: int = 30):
         for step in range(steps):
             x = torch.randn(16, 8, generator=g)
             y = (x[:, 0] > 0).long()
-            if kind == "masked-task":   # two micro-batches, one per task; the first task absent from this batch, its
-                opt.zero_grad()          # loss masked to 0: exact zeros accumulated before the second's gradient
+            if kind.startswith("masked-task"):   # two micro-batches, one per task; the first task absent from this
+                opt.zero_grad(set_to_none=kind == "masked-task")   # batch, its loss masked to 0: exact zeros accumulated
                 (F.cross_entropy(model(x), y, reduction="none") * torch.zeros(len(y))).mean().backward()
                 F.cross_entropy(model(x), y).backward()
             elif kind == "skips":   # one backward a step; a bad batch now and then skipped by hand (zero_grad, no step)
@@ -8672,8 +8672,8 @@ def _micro_loop(kind: str, steps: int = 30):
                 if kind == "healthy":
                     opt.zero_grad()
                 for xs, ys in zip(x.chunk(4), y.chunk(4)):
-                    if kind in ("inside", "inside-rescaled"):
-                        opt.zero_grad()
+                    if kind in ("inside", "inside-rescaled", "inside-zeroed"):
+                        opt.zero_grad(set_to_none=kind != "inside-zeroed")   # zeroed: a .grad of zeros is left
                     (F.cross_entropy(model(xs), ys) / 4).backward()
                 if kind == "inside-rescaled":   # a new .grad tensor, the same direction
                     for p in model.parameters():
@@ -8682,13 +8682,15 @@ def _micro_loop(kind: str, steps: int = 30):
     return w.result()
 
 
-@pytest.mark.parametrize("kind", ["inside", "inside-rescaled", "healthy", "parts", "sam", "sam-data", "per-sample",
-                                  "per-sample-copy", "masked-task", "skips"])
+@pytest.mark.parametrize("kind", ["inside", "inside-rescaled", "inside-zeroed", "healthy", "parts", "sam", "sam-data",
+                                  "per-sample", "per-sample-copy", "masked-task", "masked-task-zeroed", "skips"])
 def test_gradients_cleared_before_each_micro_batch_are_said_and_nothing_else(kind):
     """A sweep's miss: zero_grad() inside the loop over micro-batches threw 3 of every 4 gradients away (the run ended
     3x worse) and watch passed it. The carry probes' looks say it: at each backward since the step, nothing was there.
     Not SAM's second backward (the weights moved in place between), nor per-sample gradients the loop sums into .grad
-    itself, nor healthy accumulation."""
+    itself, nor healthy accumulation. `inside-zeroed` (zero_grad(set_to_none=False), a review's miss) is said too:
+    a .grad that was non-zero after one backward and zero at the next was cleared; a masked task's exact zeros were
+    never non-zero."""
     r = _micro_loop(kind, steps=40 if kind == "skips" else 30)
     if kind.startswith("inside"):
         f = finding(r, "grad-cleared-before-step")

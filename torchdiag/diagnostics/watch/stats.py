@@ -77,6 +77,7 @@ class Track:
         self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
         self.fired_who: list = []      # per flag, (id, version, fingerprint, no .grad before) of the probed parameter
+        self.fired_after: list = []    # per flag, whether .grad was non-zero once its backward had added to it
         self.kept: dict = {}           # id(parameter) -> (ref, its .grad's direction statistic after the last backward)
         self.skipped_at = 0            # the backward count at a GradScaler step that skipped this optimizer's
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
@@ -88,6 +89,7 @@ class Track:
         self.probes: list = []
         self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
         self._zero = torch.zeros((), dtype=torch.float32, device=self.device)   # the carry probe's "no gradient"
+        self._one = torch.ones((), dtype=torch.float32, device=self.device)
         self._zero3 = torch.zeros(3, dtype=self.wide, device=self.device)
         # (dtypes written out: a script's torch.set_default_dtype(torch.float64) is not ours; a review: index_add_ of
         # float32 counts into a float64 default stopped watch at step 1)
@@ -415,6 +417,7 @@ class Track:
         self.fired_at.clear()
         self.fired_dots.clear()
         self.fired_who.clear()
+        self.fired_after.clear()
         self.kept = {}
         self.armed_step = step
         self.probes, self._unkept = [], []
@@ -431,7 +434,7 @@ class Track:
 
         ref = weakref.ref(p)   # the hooks live on p: a strong reference would make a cycle only gc frees
         fired, at, dots, marks, pending = self.fired, self.fired_at, self.fired_dots, self.marks, []
-        who, kept = self.fired_who, self.kept
+        who, kept, after = self.fired_who, self.kept, self.fired_after
         self._unkept.append((ref, pending))
 
         def look(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
@@ -454,9 +457,11 @@ class Track:
                 dots.append(dot)
                 at.append(mark)
                 who.append(whose)
+                after.append(self._zero)
                 if param.grad is not None and not param.grad.is_sparse:   # (stepped and cleared in backward, by an
                     with torch.no_grad():                                 # optimizer hook; a sparse embedding's:
                         direction = _direction(param.grad)                # not asked)
+                        after[-1] = (param.grad.detach().abs().sum() > 0).float()
                     if direction is not None:
                         kept[id(param)] = (ref, direction)
         return look, keep
@@ -486,6 +491,7 @@ class Track:
             self.fired_dots.append(dot)
             self.fired_at.append(mark)
             self.fired_who.append(whose)
+            self.fired_after.append(flag)   # nothing added: .grad as it was
         self._unkept = []
 
     def disarm(self, applied_at: int | None = None):
@@ -512,6 +518,7 @@ class Track:
                 self.queue.append(("crossed", (self, applied_at),
                                    torch.stack([torch.stack([self.fired[i] for i in crossed]).min(), cos.float()])))
         self.fired, self.fired_at, self.fired_dots, self.fired_who, self.kept = [], [], [], [], {}
+        self.fired_after = []
 
     def _cleared(self):
         """(a device value, the backward calls) for the looks since the last step of any optimizer (or GradScaler's
@@ -543,8 +550,11 @@ class Track:
                 weights = torch.stack([self.fired_who[i][2] for i in idx])
                 moved = (weights != weights[:1]).any().float()
                 written = ((now - direction).abs() > 1e-4).any().float()
-                kept = float(not all(self.fired_who[i][3] for i in idx))   # a gradient there at one of them
-                values.append(torch.stack([self.fired[i] for i in idx]).max() + moved + written + kept)
+                # each later look found .grad gone, or zero where the backward before had left it non-zero
+                # (zero_grad(set_to_none=False), a review's miss); a masked task's exact zeros were never non-zero
+                kept = torch.stack([self._one if self.fired_who[j][3] else self.fired_after[i]
+                                    for i, j in zip(idx, idx[1:])]).min()
+                values.append(torch.stack([self.fired[i] for i in idx]).max() + moved + written + 1 - kept)
             calls |= {self.fired_at[i][1] for i in idx}
         return (torch.stack(values).min(), len(calls)) if values else None
 
