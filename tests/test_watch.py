@@ -4874,6 +4874,40 @@ def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():
     assert f.severity == "error" and "never came back" in f.message, f.message
 
 
+def test_a_loss_blown_up_by_the_first_updates_that_came_back_to_its_start_is_a_warning():
+    """A sweep: Adam at lr 1.0 (1000x) on an MLP with BatchNorm, 4 balanced classes: 1.40 at step 1, 681 at step 2, a
+    first window's median of 15.5, back to 1.42 (chance) at the end, the weights ~40x. Watch said an info plateau
+    and dead units: the run learned nothing and the loss's fall from its blow-up read as training. At lr 0.1 the same
+    run learns (no such warning)."""
+    def run(lr):
+        torch.manual_seed(0)
+        x_all = torch.randn(4096, 20)
+        y_all = (x_all[:, :5].sum(1) > 0).long() + 2 * (x_all[:, 5:10].sum(1) > 0).long()
+        model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 64),
+                              nn.ReLU(), nn.Linear(64, 4))
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        losses = []
+        with Watch(model, opt) as w:
+            for _ in range(4):
+                perm = torch.randperm(3584)
+                for i in range(0, 3584, 64):
+                    loss = F.cross_entropy(model(x_all[perm[i:i + 64]]), y_all[perm[i:i + 64]])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+        return losses, w.result()
+
+    losses, r = run(1.0)
+    assert max(losses) > 100 * losses[0] and statistics.median(losses[-22:]) > 0.9 * losses[0]   # the premise
+    f = finding(r, "loss-diverged")
+    assert f.severity == "warning" and "came back no lower than where it started" in f.message, f.message
+    assert "at chance (ln 4" in f.message and "lower the learning rate" in f.hint
+    losses, r = run(0.1)
+    assert statistics.median(losses[-22:]) < 0.5 * losses[0]   # it learned
+    assert "loss-diverged" not in codes(r), [f.message for f in r.findings]
+
+
 def test_a_loss_above_its_first_step_is_not_diverged_without_the_weights_outgrown():
     """A GAN generator's loss jumps as its discriminator learns and stays up (0.7 -> 3, healthy), and a first batch can
     be a lucky one among per-sample losses spread over decades: neither is a divergence from the start."""

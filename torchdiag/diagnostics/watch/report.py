@@ -1424,6 +1424,16 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    "the updates outgrew the weights and left the model worse than it started: lower the learning rate "
                    "(10× for a start), or look for an update that climbs the loss (a negated loss, maximize=True)")
         return
+    if not diverged and growth is not None and growth >= BLOWN_GROWTH and _blown_and_back(values, med, w):
+        peak_i = max(range(1, len(values)), key=lambda i: values[i])
+        result.add("loss-diverged", "warning", "", f"the loss went from {values[0]:.4g} at step {pairs[0][0]} (before "
+                   f"its update) to {values[peak_i]:.4g} at step {pairs[peak_i][0]} and came back no lower than where it started, {med[-1]:.4g} at step "
+                   f"{pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run (from where it started, "
+                   f"or from a standard initialisation's scale where it started below): it learned nothing it kept"
+                   + (f", at chance (ln {classes} = {math.log(classes):.4g})" if _at_chance(classes, med[-1]) else "")
+                   + of, "the first updates were too large for the weights: lower the learning rate (10× for a start), "
+                   "or warm it up")
+        return
     excursion = None if diverged else _excursion_at_any(values, [s for s, _ in pairs], w, spiked, lr_at)
     if diverged:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
@@ -1518,6 +1528,22 @@ def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     if low < 2 * values[0] and max(med[w - 1:]) < BLOWN_PEAK * values[0]:
         return False
     return math.log(med[-1] / values[0]) > BLOWN_K * _step_noise([math.log(v) for v in values if v > 0], w)
+
+
+def _blown_and_back(values: list[float], med: list[float], w: int) -> bool:
+    """The loss blew up, a running median (or a median of 5 steps in the first window) at BLOWN_PEAK times the first
+    step's loss (the weights as they came), came down from it BLOWN_PEAK-fold and ended no lower than nine tenths of
+    that first loss (a sweep: Adam at lr 1.0 on an MLP, 1.40 at step 1, 681 at step 2, back to 1.42 at chance after
+    224 steps, the weights 42x, was an info plateau and a PASS). Ended below it, the run learned something (_plateau_hint); ended far
+    above it beyond the noise, _held_above_first's error. A lucky first batch among losses spread over decades has no
+    peak that came down. Losses that are never negative only."""
+    if len(values) < 7 or values[0] <= 0 or min(values) < 0 or med[-1] <= 0:
+        return False
+    # the first window's medians of 5 too: a blow-up over its first 10 steps or so is diluted in a window of 22
+    # (the same run on other seeds: 7.2, 4.4, 11.2 as the first window's median, ~100x in the steps after the first)
+    early = max(statistics.median(values[k:k + 5]) for k in range(1, max(2, min(w, len(values)) - 4)))
+    peak = max(early, *med[w - 1:])
+    return peak >= BLOWN_PEAK * values[0] and peak >= BLOWN_PEAK * med[-1] and med[-1] >= 0.9 * values[0]
 
 
 def _step_noise(logs: list[float], w: int) -> float:
