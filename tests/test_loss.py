@@ -327,6 +327,61 @@ def test_auto_on_a_language_models_logits_is_next_token_cross_entropy():
     assert loss.chosen == "next_token" and loss.describe().startswith("next-token cross_entropy on output against input[0]")
 
 
+class _Encoder(torch.nn.Module):
+    """Token ids -> logits over the vocabulary through one self-attention layer: causal, or reading the whole sequence
+    (a masked LM's shape)."""
+
+    def __init__(self, causal: bool, vocab: int = 50):
+        super().__init__()
+        torch.manual_seed(0)
+        self.causal = causal
+        self.emb = torch.nn.Embedding(vocab, 16)
+        self.layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(16, vocab)
+
+    def forward(self, ids):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(ids.shape[1]) if self.causal else None
+        return self.head(self.layer(self.emb(ids), src_mask=mask, is_causal=self.causal))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_bidirectional_models_logits_are_judged_against_the_ids_at_their_own_positions(causal):
+    """A sweep: masked LMs (RoFormer, ConvBert, YOSO, BERT) got a next-token loss and the header "a language model":
+    their logits at a position see the next id in their own input, so the task was a copy (a ConvBert MLM at 1% of
+    its start in 14 steps). Where a change to the last id moves the logits of earlier positions, the targets are the
+    ids at their own positions (checked against F.cross_entropy computed here); a causal model keeps next-token."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.loss import language_model
+
+    model = _Encoder(causal)
+    ids = torch.randint(0, 50, (3, 24), generator=torch.Generator().manual_seed(1))
+    loss = Loss("auto")
+    loss.lm = language_model(model, ModelInputs((ids,)))
+    assert model.training   # the probe left the model as it was
+    out = model(ids)
+    if causal:
+        want = F.cross_entropy(out[:, :-1].reshape(-1, 50), ids[:, 1:].reshape(-1))
+        assert loss.lm.shift == 1 and torch.equal(loss(out), want) and loss.chosen == "next_token"
+        return
+    want = F.cross_entropy(out.reshape(-1, 50), ids.reshape(-1))
+    assert loss.lm.shift == 0 and torch.equal(loss(out), want) and loss.chosen == "own_token"
+    assert loss.describe().startswith("cross_entropy on output against input[0] at the same positions (a "
+                                      "bidirectional model over input[0]")
+
+
+def test_a_masked_lm_from_transformers_is_told_as_one(cli, tmp_path):
+    """BertForMaskedLM from a small config: doctor's target row and the loss line say the ids at their own positions,
+    not next tokens; overfit-batch runs on that loss."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    transformers.BertForMaskedLM(config).save_pretrained(tmp_path / "mlm")
+    j = cli("doctor", f"hf:{tmp_path / 'mlm'}", "--device", "cpu", "--json").json
+    assert j["loss"].startswith("cross_entropy on output['logits'] against input[0] at the same positions")
+    (row,) = [r for r in j["checks"] if r["id"] == "target"]
+    assert "at their own positions" in row["verdict"] and "next tokens" not in row["verdict"]
+
+
 def test_what_is_not_a_language_model_keeps_mse():
     """The same (N, T, V) logits when the ids do not index the embedding (an id ≥ V), when the input is
     float, or when V is not an embedding's size: mse as before."""

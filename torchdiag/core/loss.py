@@ -197,6 +197,12 @@ class Loss:
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
                         "last dimension)") + self._fills_said(self.picked)
+            if self.chosen == "own_token":
+                text = (f"cross_entropy on {self.picked} against {self.lm.name} at the same positions (a "
+                        f"bidirectional model over {self.lm.name}, which feeds an embedding of {self.lm.vocab} rows, "
+                        "the logits' last dimension: a change to its last id moves the logits of earlier positions, "
+                        "so they are no next-token predictions; a masked LM's objective with nothing masked, or give "
+                        "labels of your own with --batch)") + self._fills_said(self.picked)
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" + self._moved_said(label) if rule == "same" else \
@@ -350,11 +356,11 @@ class Loss:
                 self.loss_values = y.numel()   # a loss per sample or per term (DAC): their mean, as reduction does
                 return y.float().mean()
             return _scalar(y, self.picked)
-        if kind == "next_token":
+        if kind in ("next_token", "own_token"):
             if self.lm.targets is None or self.lm.targets.device != y.device:
                 self.lm.targets = self._next_targets(y)
-            return F.cross_entropy(y[:, :-1].float().reshape(-1, y.shape[-1]), self.lm.targets.reshape(-1),
-                                   ignore_index=LEFT_OUT)
+            return F.cross_entropy(y[:, :y.shape[1] - self.lm.shift].float().reshape(-1, y.shape[-1]),
+                                   self.lm.targets.reshape(-1), ignore_index=LEFT_OUT)
         if kind == "sum":
             return y.float().sum()
         if kind == "cross_entropy" and self.target is not None and classes_last(y, self.target):
@@ -429,19 +435,21 @@ class Loss:
         return mask
 
     def _next_targets(self, y):
-        """The ids shifted by one, with the positions whose next id is a -inf logit the model writes as a constant
-        (a vocabulary mask that bans padding or special tokens) left out: the model says it never predicts them.
-        Every position banned, or a -inf the model computed: all kept (the loss is inf)."""
-        targets = self.lm.ids[:, 1:].to(y.device)
+        """The ids shifted by one (by none for a bidirectional model's), with the positions whose target id is a -inf
+        logit the model writes as a constant (a vocabulary mask that bans padding or special tokens) left out: the
+        model says it never predicts them. Every position banned, or a -inf the model computed: all kept (the loss is
+        inf)."""
+        shift = self.lm.shift
+        targets = self.lm.ids[:, shift:].to(y.device)
         mask = self._fill_mask(y)
         if mask is None:
             return targets
-        hit = mask[:, :-1].gather(2, targets.unsqueeze(2)).squeeze(2)
+        hit = mask[:, :mask.shape[1] - shift].gather(2, targets.unsqueeze(2)).squeeze(2)
         self.lm.left_out = hit
         if bool(hit.all()):
             return targets
-        self._note_fills(self.picked, y, mask, hit, "; {n} positions left out: their next id is a logit the model "
-                         "writes as a constant ({values})")
+        self._note_fills(self.picked, y, mask, hit, "; {n} positions left out: their " + ("next " if shift else "")
+                         + "id is a logit the model writes as a constant ({values})")
         return targets.masked_fill(hit, LEFT_OUT)
 
     def _off_fills(self, y, target, g, label: str | None = None):
@@ -490,21 +498,24 @@ class Loss:
         if y.dim() == 2 and y.is_floating_point() and y.shape[1] > 1:
             return "cross_entropy"
         if self.lm is not None and self.lm.fits(y):
-            return "next_token"
+            return "next_token" if self.lm.shift else "own_token"
         return "mse"
 
 
 @dataclass
 class LanguageModel:
     """Integer ids (N, T) that feed an nn.Embedding of `vocab` rows: logits (N, T, vocab) are next-token
-    predictions of them (a causal language model's output), judged by shapes and by what the ids feed."""
+    predictions of them (a causal language model's output), judged by shapes and by what the ids feed; or, where
+    the logits of earlier positions move with the last id (a bidirectional model: a masked LM), predictions of the
+    ids at their own positions (`shift` 0)."""
 
     name: str
     ids: Any
     vocabs: tuple          # the sizes of the embeddings every id indexes into
     vocab: int = 0         # the one the logits match (set by fits)
-    targets: Any = None    # the ids shifted by one, LEFT_OUT where the next id is a -inf the model writes (once)
+    targets: Any = None    # the ids shifted by `shift`, LEFT_OUT where that id is a -inf the model writes (once)
     left_out: Any = None   # where they are (for the header), or None
+    shift: int = 1         # 1: next-token targets; 0: each position's own id (_bidirectional)
 
     def fits(self, y) -> bool:
         if (y.dim() == 3 and y.is_floating_point() and tuple(y.shape[:2]) == tuple(self.ids.shape)
@@ -535,7 +546,72 @@ def language_model(model, inputs) -> LanguageModel | None:
             found.append(LanguageModel(name, t, fed))
     if len(found) > 1:
         return _causal_in(model, inputs, found) or found[0]
+    if found and _bidirectional(model, inputs, found[0]):
+        found[0].shift = 0
     return found[0] if found else None
+
+
+BIDIRECTIONAL_PROBE = 16   # positions of the first sample the bidirectional probe runs on (two eval forwards)
+
+
+def _bidirectional(model, inputs, lm: LanguageModel) -> bool:
+    """Whether a change to the last id moves the logits of earlier positions: a model that reads the whole sequence
+    (a masked LM: BERT, RoFormer, ConvBert) whose logits are not next-token predictions, where a next-token target
+    sits in its own input (a sweep: a ConvBert MLM "learned" next tokens to 1% of the start in 14 steps, a copy).
+    Two eval-mode forwards under no_grad, leaving no trace, on the first sample cut to BIDIRECTIONAL_PROBE positions
+    (every input laid out as the ids cut alike), else on the inputs as given (a model of fixed length refuses the
+    cut); False where unsure (the model raised, its logits do not fit, the last id moved nothing)."""
+    import torch
+
+    from .guard import leave_no_trace
+    from .index_guard import guarded
+
+    n, t = lm.ids.shape
+    length = min(t, BIDIRECTIONAL_PROBE)
+    short_ids = lm.ids[:1, :length]
+
+    def cut(x):
+        if x is lm.ids:
+            return short_ids
+        if x.dim() >= 2 and tuple(x.shape[:2]) == (n, t):
+            return x[:1, :length]
+        return x[:1] if x.dim() >= 1 and x.shape[0] == n else x
+
+    tries = [(inputs.map(cut), short_ids)] if length >= 2 and (length < t or n > 1) else []
+    try:
+        with leave_no_trace(model, buffers=True), torch.no_grad(), guarded(model):
+            model.eval()
+            for ins, ids in [*tries, (inputs, lm.ids)]:
+                moved = _earlier_moved(model, ins, ids, lm)
+                if moved != "raised":   # one forward of the cut that ran is the answer (a classifier's: False)
+                    return moved is True
+    except Exception:   # the real run reports the model's own errors, with their module
+        return False
+    return False
+
+
+def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
+    """One base forward and one with the last id changed: did the logits before the last position move ("raised": a
+    forward raised; None: the logits do not fit the ids, or nothing moved at all)."""
+    import torch
+
+    def logits(x):
+        y, _ = primary_output(x.call(model))
+        return y if isinstance(y, torch.Tensor) and y.dim() == 3 and tuple(y.shape[:2]) == tuple(ids.shape) \
+            and y.shape[2] in lm.vocabs and y.is_floating_point() else None
+
+    try:
+        base = logits(ins)
+        if base is None or base.shape[1] < 2:
+            return None
+        changed = ids.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
+        after = logits(ins.map(lambda x: changed if x is ids else x))
+    except Exception:   # noqa: BLE001 - a fixed-length model refusing the cut: the inputs as given next
+        return "raised"
+    if after is None or after.shape != base.shape or torch.equal(after, base):
+        return None
+    return not torch.equal(after[:, :-1], base[:, :-1])
 
 
 def _causal_in(model, inputs, found: list) -> LanguageModel | None:

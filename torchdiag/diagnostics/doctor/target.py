@@ -20,7 +20,9 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
     # logits of those ids (a sweep: a sequence-classification head's (N, C) logits were said to train on next tokens)
     y = primary_output(eval_out)[0] if lm is not None else None
     if target is None and lm is not None and isinstance(y, torch.Tensor) and lm.fits(y):
-        ck.row("target", "ok", f"no targets given: the next tokens of {lm.name} (a language model) are the targets")
+        ck.row("target", "ok", f"no targets given: the next tokens of {lm.name} (a language model) are the targets"
+               if lm.shift else f"no targets given: the ids of {lm.name} at their own positions (a bidirectional "
+               "model over them, a masked LM's objective with nothing masked) are the targets")
         return False
     if target is None or not isinstance(target, torch.Tensor):
         ck.row("target", "ok" if target is None else "skipped",

@@ -30,8 +30,9 @@ def rows_and_targets(out, loss):
     y = primary_output(out)[0]
     if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() < 2 or y.numel() > MAX_VALUES:
         return None
-    if chosen == "next_token" and loss.lm is not None and loss.lm.targets is not None:
-        rows, t, layout = y[:, :-1].reshape(-1, y.shape[-1]), loss.lm.targets.reshape(-1), "token"
+    if chosen in ("next_token", "own_token") and loss.lm is not None and loss.lm.targets is not None:
+        rows = y[:, :y.shape[1] - loss.lm.shift].reshape(-1, y.shape[-1])
+        t, layout = loss.lm.targets.reshape(-1), "token"
     elif chosen == "token_cross_entropy":
         rows, t, layout = y.reshape(-1, y.shape[-1]), loss.target.reshape(-1), "token"
     elif chosen == "cross_entropy" and loss.target is not None and not loss.target.is_floating_point() and y.dim() == 2:
