@@ -439,7 +439,7 @@ def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids
     (folder / "config.json").write_text(json.dumps(cfg))
     r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x64 int64", "labels: 1x64 int64"]
-    assert "did not run)" in r.json["input_source"]   # after the image layouts
+    assert "did not run; the first, input[0] " in r.json["input_source"]   # after the image layouts
 
 
 def test_a_vision_language_model_with_packed_images_gets_a_block_of_tokens_per_image(tmp_path, cli):
@@ -654,7 +654,39 @@ def test_when_no_layout_runs_the_one_that_went_furthest_into_the_model_is_used()
                          "calls before it failed), is used"
     model[3] = nn.Identity()     # now the second runs: the first that runs, said as such
     got = inputs._first_that_runs(sets, loaded, torch.device("cpu"), 0)
-    assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 3 (the first 1 did not run)"
+    # with what the first layout was and the first line of why it did not run (a new user: neither was said)
+    assert got.args[0].shape == (1, 4) and got.source == (
+        "test; layout 2 of 3 (the first 1 did not run; the first, input[0] 1x3: mat1 and mat2 shapes cannot be "
+        "multiplied (1x3 and 4x8))")
+
+
+@pytest.mark.parametrize("trains", [True, False])
+def test_a_model_that_refuses_the_default_train_batch_runs_one_sample(trains):
+    """A sweep: GPT-NeoX's sequence classifier with no pad_token_id raises "Cannot handle batch sizes > 1" at the
+    batch of 2 a train-mode command's defaults use, and every command exited 3. The first layout at batch 1 runs,
+    said with the model's own words; a command that does not train never raised the batch, and keeps the failure."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core import inputs
+
+    class OneAtATime(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            if x.shape[0] > 1:
+                raise ValueError("no batches here")
+            return self.lin(x)
+
+    loaded = type("Loaded", (), {"model": OneAtATime(), "input_source": "test", "trains": trains})()
+    got = inputs._first_that_runs([("2x4:float32",), ("2x5:float32",)], loaded, torch.device("cpu"), 0)
+    if trains:
+        assert got.args[0].shape == (1, 4)
+        assert got.source == "test; batch 1: the model refused the default batch (no batches here), one sample runs"
+    else:
+        assert got.args[0].shape == (2, 4) and "none of 2 layouts ran" in got.source
 
 
 def test_a_main_input_name_the_forward_does_not_take_is_not_trusted():

@@ -722,7 +722,7 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
     ids = ids.clone()
     ids[:, -1] = eos
     inputs.args = (ids,) + tuple(inputs.args[1:])
-    inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos}, as a tokenizer's")
+    inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos}, as a tokenizer ends them")
 
 
 def _config_int(config, key: str) -> int | None:
@@ -819,7 +819,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     def count(module, args):
         calls[0] += 1
 
-    chosen, k, reached, blank, named = None, -1, [], None, []
+    chosen, k, reached, blank, named, first_try = None, -1, [], None, [], ""
     optional_inputs.OUT_OF_MEMORY.clear()
     handle = register_module_forward_pre_hook(count)
     try:
@@ -830,6 +830,10 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
             probed = optional_inputs.probe(loaded.model, with_labels(inputs, loaded), dtype)
             out = probed.out
             named.append(probed)
+            if i == 0 and out is None:   # what the first layout was and why it did not run (a new user: "the first 1
+                # did not run" said neither, beside a header's length 64 and an input of 62)
+                first_try = (", ".join(f"{n} {shape_str(t)}" for n, t in inputs.tensors()[:3])
+                             + (f": {probed.error.strip().splitlines()[0][:120]}" if probed.error.strip() else ""))
             rank = None if out is None else blank_rank(out)
             if rank:   # ran, and gave nothing (a mask hiding the whole input: Gemma3n's audio_mel_mask, True =
                 # padding) or NaN (a fully masked softmax): a last resort, all zeros before NaN
@@ -849,7 +853,8 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     # the first running is the usual case: said only when the probe had to go further
     if chosen is not None:
         how = "did not run or gave all zeros or NaN" if blank else "did not run"
-        chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
+        chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how}"
+                                               + (f"; the first, {first_try}" if first_try else "") + ")" if k else "")
         return chosen
     labelled = lambda i: with_labels(i, loaded)   # noqa: E731 - every probe as the command will call the model
     furthest: list = []
@@ -868,6 +873,9 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
         or _resized_grown(furthest, loaded, device, seed, dtype)
     if asked is not None or blank_only:
         return asked if asked is not None else blank_only[0]
+    single = _one_sample(sets[0], named[0], loaded, device, seed, dtype)
+    if single is not None:
+        return single
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
     if optional_inputs.OUT_OF_MEMORY:   # the error of a layout that did not fit, not the wrong layouts' (hf tvp)
         _none_fit(optional_inputs.OUT_OF_MEMORY, named[k], k, len(sets))
@@ -877,6 +885,25 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     return chosen
 
 
+def _one_sample(specs, first, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
+    """The first layout at batch 1, where the default batch a train-mode command raised it to (sources.for_training)
+    made every layout fail and one sample runs: a model that refuses batches (a sweep: GPT-NeoX's sequence classifier
+    with no pad_token_id, "Cannot handle batch sizes > 1", exit 3 at defaults). Said, with the model's own words."""
+    from . import optional_inputs
+
+    one = tuple(_LEADING.sub(r"\g<1>1x", s) for s in specs)
+    if not getattr(loaded, "trains", False) or one == tuple(specs):
+        return None
+    inputs = spec_inputs(one, loaded, device, seed)
+    probed = optional_inputs.probe(loaded.model, with_labels(inputs, loaded), dtype)
+    if probed.out is None or blank_rank(probed.out):
+        return None
+    why = first.error.strip().splitlines()[0][:120] if first.error.strip() else "it raised"
+    inputs.source = loaded.input_source + f"; batch 1: the model refused the default batch ({why}), one sample runs"
+    return inputs
+
+
+_LEADING = re.compile(r"^((?:\w+=)?)\d+x")   # a -i spec's batch: its name, if any, and its first size
 CHOICES = 2   # candidates per sample in a multiple-choice layout (batch x choices x length)
 _SHAPE_ERROR = re.compile(r"\bshape\b|\bsize\b", re.IGNORECASE)   # a view or reshape that refused the layout
 _FLAT_IDS = re.compile(r"^(?:(\w+)=)?(\d+)x(\d+):((?:int|uint|bool)\w*)(.*)$")
