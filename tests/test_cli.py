@@ -93,6 +93,15 @@ def test_embeddings_json_with_its_required_tb(cli, tmp_path):
     assert res.code == 0 and json.loads(res.stdout)["command"] == "embeddings"
 
 
+def test_embeddings_without_its_two_required_options_names_both_at_once(cli):
+    """A new user's hour: a first run said --layer was needed, the second --tb; both are said by the first."""
+    r = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build")
+    assert r.code == 2 and "Traceback" not in r.stderr
+    assert "needs --layer NAME" in r.stderr and "and --tb DIR" in r.stderr, r.stderr
+    r = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0")
+    assert r.code == 2 and "needs --tb DIR" in r.stderr and "--layer NAME" not in r.stderr, r.stderr
+
+
 def test_output_file_under_a_file_says_so(cli, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("keep me")

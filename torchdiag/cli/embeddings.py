@@ -44,8 +44,17 @@ def run(o) -> None:
 
     # tb: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data;
     # labels: the --batch target (ctx.batch_target)
-    job = c.job("embeddings", o, outputs={"projector": o.tb, "images": o.images}, precheck=precheck,
-                options=lambda: diag.Options(layer=o.layer, reduce=o.reduce, images=o.images is not None))
+    def options():
+        from ..errors import UsageError
+
+        if not o.layer and o.tb is None:   # both said at once (a new user: two runs, one missing option each)
+            raise UsageError("embeddings needs --layer NAME (the module whose output is the embedding) and --tb DIR "
+                             "(the projector data is written for TensorBoard)",
+                             hint="e.g. --layer avgpool --tb runs (the module paths as `torchdiag summary MODEL` lists "
+                                  "them), then tensorboard --logdir runs (PROJECTOR tab)")
+        return diag.Options(layer=o.layer, reduce=o.reduce, images=o.images is not None)
+
+    job = c.job("embeddings", o, outputs={"projector": o.tb, "images": o.images}, precheck=precheck, options=options)
     c.execute(job, render_extra=record)
 
 
