@@ -355,6 +355,10 @@ def _pick_config(model_type: str, cls, folder: Path):
             config = make()
         except Exception:  # noqa: BLE001 - a config that refuses the sizes
             continue
+        if _causal_head(cls) and hasattr(config, "is_decoder"):
+            # an encoder family's causal-LM head (RoFormerForCausalLM, BertLMHeadModel) masks the future only as a
+            # decoder: built without it, its own shifted loss read the answer in its input (a sweep: a copy task)
+            config.is_decoder = True
         params = meta_params(lambda config=config: cls._from_config(config))
         if params is None:
             continue
@@ -380,6 +384,14 @@ def _pick_config(model_type: str, cls, folder: Path):
         return "default config", config, None, why
     built[1].save_pretrained(folder)
     return (*built, None)
+
+
+def _causal_head(cls) -> bool:
+    """Whether transformers maps `cls` as a causal-LM head."""
+    from transformers.models.auto import modeling_auto
+
+    names = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    return any(cls.__name__ == n or (isinstance(n, (tuple, list)) and cls.__name__ in n) for n in names)
 
 
 def _pick_class(model_type: str, classes: list[str]):
