@@ -646,11 +646,11 @@ def source_inputs(loaded, device, seed: int = 0, dtype: str | None = None) -> Mo
     alternatives = tuple(getattr(loaded, "input_alternatives", ()))
     if alternatives:
         inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed, dtype)
-        return _finish_source(inputs, loaded, device)
+        return _finish_source(inputs, loaded, device, seed)
     inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
     _end_with_eos(inputs, loaded.model)
     inputs.source = loaded.input_source
-    return _with_optional(_finish_source(inputs, loaded, device), loaded, device, seed, dtype)
+    return _with_optional(_finish_source(inputs, loaded, device, seed), loaded, device, seed, dtype)
 
 
 def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | None) -> ModelInputs:
@@ -675,15 +675,16 @@ def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | 
         return inputs
     specs = tuple(loaded.default_inputs)
     grown = optional_inputs.completed([specs], [probed], loaded, device, seed, dtype)
-    return inputs if grown is None else _finish_source(grown, loaded, device)
+    return inputs if grown is None else _finish_source(grown, loaded, device, seed)
 
 
-def _finish_source(inputs: ModelInputs, loaded, device) -> ModelInputs:
+def _finish_source(inputs: ModelInputs, loaded, device, seed: int = 0) -> ModelInputs:
     """What every default layout gets once chosen: labels from its ids (the model's own loss), decoder ids on meta."""
     import torch
 
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
+    _head_labels(inputs, loaded, names, seed)
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
         start = _missing_decoder_start(loaded.model, names)
         _labels_from_ids(inputs, start, loaded.model)
@@ -936,7 +937,7 @@ def _choices_run(specs: tuple[str, ...], loaded, device, seed: int, dtype: str |
     if choices is None:
         return None
     try:
-        inputs = _finish_source(spec_inputs(choices, loaded, device, seed), loaded, device)
+        inputs = _finish_source(spec_inputs(choices, loaded, device, seed), loaded, device, seed)
     except Exception:   # noqa: BLE001 - a variant that cannot be made is one that does not run
         return None
     probed = optional_inputs.probe(loaded.model, inputs, dtype)
@@ -985,11 +986,39 @@ def with_labels(inputs: ModelInputs, loaded) -> ModelInputs:
     without them can fail in its own loss (GIT's drops its image tokens' logits first, and ids alone leave none to
     compare with the labels). The layout itself when no labels are given."""
     names = [p.name for p in forward_parameters(loaded.model)]
-    if not (getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names):
+    head = getattr(loaded, "head_labels", None) is not None
+    if not ((getattr(loaded, "labels_from_ids", False) or head) and inputs.args and "labels" in names):
         return inputs
     probe = ModelInputs(tuple(inputs.args), dict(inputs.kwargs), inputs.source, list(inputs.notes))
-    _labels_from_ids(probe, _missing_decoder_start(loaded.model, names), loaded.model)
+    if head:
+        _head_labels(probe, loaded, names)
+    else:
+        _labels_from_ids(probe, _missing_decoder_start(loaded.model, names), loaded.model)
     return probe
+
+
+def _head_labels(inputs: ModelInputs, loaded, names: list[str], seed: int = 0) -> None:
+    """Random labels for a classification head that computes its own loss from them (sources._head_labels): a class
+    per token of the ids, or a 0/1 target per label per sample; seeded, drawn on the CPU. Nothing where the head
+    is not one, the forward takes no labels, or the ids are no (N, T) tensor."""
+    import torch
+
+    head = getattr(loaded, "head_labels", None)
+    ids = inputs.args[0] if inputs.args else None
+    if head is None or "labels" not in names or "labels" in inputs.kwargs or not torch.is_tensor(ids) \
+            or ids.dim() != 2 or ids.device.type == "meta":
+        return
+    kind, classes = head
+    g = torch.Generator().manual_seed(seeds.head_labels(seed))
+    if kind == "token":
+        labels = torch.randint(0, classes, tuple(ids.shape), generator=g)
+        said = f"labels: a random class in [0, {classes}) per token (the model's own loss, a cross-entropy per token)"
+    else:
+        labels = torch.randint(0, 2, (ids.shape[0], classes), generator=g).float()
+        said = (f"labels: a random 0/1 per label, {classes} labels (the model's own loss: problem_type "
+                "multi_label_classification, a binary cross-entropy per label)")
+    inputs.kwargs["labels"] = labels.to(ids.device)
+    inputs.notes.append(said)
 
 
 def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:

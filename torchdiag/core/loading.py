@@ -37,6 +37,7 @@ class LoadedModel:
     input_alternatives: tuple[tuple[str, ...], ...] = ()   # hf: other default inputs, tried when these do not run
     trains: bool = False                   # the default inputs are for a command that trains (sources.for_training)
     saved_keys: frozenset[str] | None = None   # hf --arg task: the keys of the head its weights were saved with
+    head_labels: tuple[str, int] | None = None   # hf: a classification head's (kind, classes): random labels given
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -192,7 +193,8 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, do
         model = model.to(device)
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
                        source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),
-                       source.labels_from_ids, source.alternatives, saved_keys=source.saved_keys)
+                       source.labels_from_ids, source.alternatives, saved_keys=source.saved_keys,
+                       head_labels=source.head_labels)
 
 
 def compiled_root(model):

@@ -11,6 +11,7 @@ FRESH_BATCHES = 1000       # + the batch's index: gradflow's dead-unit re-check 
 OTHER_DRAWS = 2000         # + k: gradflow's k-th other draw of the RNG for parameters without a gradient
 KEYWORD_IDS = 3000         # + k: the k-th keyword input of token ids a source's default layout made all zeros
 SECOND_SAMPLE = 4000       # the noise that makes doctor's second sample from a batch of 1 (batch-1 erasure probe)
+HEAD_LABELS = 5000         # the random labels given to a classification head's own loss (hf token/multi-label)
 
 
 def decoder_ids(seed: int) -> int:
@@ -46,3 +47,7 @@ def second_sample(seed: int) -> int:
     """The noise added to a batch's one sample to make a second (not the base stream: random inputs drawn from it
     would make the noise a copy of the sample, and the pair collinear, which BatchNorm cannot tell apart)."""
     return seed + SECOND_SAMPLE
+
+
+def head_labels(seed: int) -> int:
+    return seed + HEAD_LABELS

@@ -62,6 +62,7 @@ class Source:
     weights: list[str] = field(default_factory=list)  # checkpoint files found beside the spec
     header: dict[str, Any] = field(default_factory=dict)
     labels_from_ids: bool = False          # a causal LM: its default inputs pass labels = the input ids
+    head_labels: tuple[str, int] | None = None      # a classification head's (kind, classes): random labels given
     alternatives: tuple[tuple[str, ...], ...] = ()  # further default inputs to try when `inputs` do not run (hf_inputs)
     saved_keys: frozenset[str] | None = None       # hf --arg task: the state-dict keys of the head the weights are of
 
@@ -567,6 +568,32 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
         source.input_source += f"; {LABELS_FROM_IDS} (the model's own loss)"
+    elif vocab:
+        source.head_labels = _head_labels(cls, config)
+
+
+def _head_labels(cls, config) -> tuple[str, int] | None:
+    """("token", C) for a token-classification head, ("multi_label", C) for a sequence classifier whose config says
+    multi_label_classification: random labels of that kind are given and the model's own loss is trained (a sweep:
+    a token classifier's (N, T, C) logits got mse against random reals, a multi-label one softmax cross-entropy,
+    where transformers computes a cross-entropy per token and a binary one per label). None otherwise: a sequence
+    classifier's (N, C) logits get the auto cross-entropy, which is its own single-label loss."""
+    from transformers.models.auto import modeling_auto as auto
+
+    name, classes = getattr(cls, "__name__", ""), getattr(config, "num_labels", None)
+    if not isinstance(classes, int) or classes < 2:
+        return None
+
+    def mapped(mapping: str, auto_name: str) -> bool:
+        names = getattr(auto, mapping, {}).values()
+        return name == auto_name or any(name == n or (isinstance(n, (tuple, list)) and name in n) for n in names)
+
+    if mapped("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"):
+        return ("token", classes)
+    if getattr(config, "problem_type", None) == "multi_label_classification" and mapped(
+            "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"):
+        return ("multi_label", classes)
+    return None
 
 
 def _positions(config) -> list[int]:
