@@ -262,7 +262,8 @@ def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_pa
     else:
         transformers = pytest.importorskip("transformers")
         config, arch, loss = {"bert-classifier": (_bert(transformers), "BertForSequenceClassification", "cross_entropy"),
-                              "bert-masked-lm": (_bert(transformers), "BertForMaskedLM", "next-token cross_entropy"),
+                              "bert-masked-lm": (_bert(transformers), "BertForMaskedLM",
+                                                 "cross_entropy on output['logits'] against input[0] at the same positions"),
                               "bart": (_bart(transformers), "BartForConditionalGeneration",
                                        "the model's own loss"),
                               "t5": (_t5(transformers), "T5ForConditionalGeneration", "the model's own loss"),

@@ -369,6 +369,60 @@ def test_a_bidirectional_models_logits_are_judged_against_the_ids_at_their_own_p
                                       "bidirectional model over input[0]")
 
 
+class _MaskedEncoder(_Encoder):
+    """_Encoder(causal=False) that takes an attention mask of ones beside the ids (a mask fits an embedding too)."""
+
+    def forward(self, ids, mask):
+        return self.head(self.layer(self.emb(ids), src_key_padding_mask=mask == 0))
+
+
+class _RandomEvalCausal(_Encoder):
+    """A causal _Encoder whose forward keeps dropout on in eval (F.dropout's default training=True: MC dropout)."""
+
+    def forward(self, ids):
+        return super().forward(ids) + F.dropout(torch.ones(()), 0.5) * 0.1 * torch.randn(ids.shape[1], 1)
+
+
+class _StatefulGRU(torch.nn.Module):
+    """A char-RNN LM that keeps its hidden state between calls (truncated backprop) and counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.rnn, self.head = torch.nn.Embedding(50, 16), torch.nn.GRU(16, 16, batch_first=True), \
+            torch.nn.Linear(16, 50)
+        self.hidden, self.calls, self.seen = None, 0, []
+
+    def forward(self, ids):
+        self.calls += 1
+        self.seen.append(tuple(ids.shape))
+        h, hidden = self.rnn(self.emb(ids), self.hidden)
+        self.hidden = hidden.detach()
+        return self.head(h)
+
+
+def test_the_bidirectional_probe_reads_a_masked_model_a_random_eval_and_leaves_the_state_as_it_was():
+    """A review of the probe: (a) an attention mask of ones beside the ids fit an embedding too, so the ids were one of
+    several candidates, none causal, and the first was kept with next-token targets: now each is probed; (b) a causal
+    model whose eval forward stays random (dropout left on) moved every position between the two forwards and was
+    read as bidirectional: both draw the same numbers; (c) a recurrent LM keeping its hidden state kept the probe's
+    batch-1 state and the command's first forward failed: the modules' attributes are put back."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.loss import language_model
+
+    ids = torch.randint(0, 50, (3, 24), generator=torch.Generator().manual_seed(1))
+    lm = language_model(_MaskedEncoder(causal=False), ModelInputs((ids, torch.ones(3, 24, dtype=torch.long))))
+    assert lm.ids is ids and lm.shift == 0
+    lm = language_model(_RandomEvalCausal(causal=True), ModelInputs((ids,)))
+    assert lm.shift == 1
+    model = _StatefulGRU()
+    model(ids)
+    hidden, seen = model.hidden, list(model.seen)
+    lm = language_model(model, ModelInputs((ids,)))
+    assert lm.shift == 1 and model.hidden is hidden and model.calls == 1 and model.seen == seen
+    model(ids)   # the next forward at the batch's own size runs
+
+
 def test_a_masked_lm_from_transformers_is_told_as_one(cli, tmp_path):
     """BertForMaskedLM from a small config: doctor's target row and the loss line say the ids at their own positions,
     not next tokens; overfit-batch runs on that loss."""

@@ -298,6 +298,58 @@ def test_nan_batches_the_loop_drops_are_info_and_a_nan_it_applies_stays_an_error
     assert f.severity == "error" and "step 39" in f.message and r.data["first_non_finite_step"] == 39
 
 
+@pytest.mark.parametrize("case", ["accumulated", "second-optimizer"])
+def test_non_finite_losses_every_step_applies_are_not_said_to_be_dropped(case):
+    """A review of non-finite-loss-dropped: (accumulated) a vocabulary mask of -inf on a class that is a real label,
+    4 micro-batches a step, the loop skipping nothing: the inf losses' gradients are finite and applied, and the
+    rule said "dropped", a PASS (one micro-batch a step: the error); (second-optimizer) a NaN target of a second
+    head trained by an optimizer watch was not given, its loss beside the first's every step: "dropped" too, while
+    head2 went NaN. A step taking as many backward calls as the run's steps take applied them all."""
+    torch.manual_seed(0)
+    if case == "accumulated":
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        banned = torch.zeros(10, dtype=torch.bool)
+        banned[9] = True
+        g = torch.Generator().manual_seed(1)
+        with Watch(model, opt, every=10) as w:
+            for step in range(60):
+                opt.zero_grad()
+                for m in range(4):
+                    x = torch.randn(8, 16, generator=g)
+                    y = (x[:, :3].sum(1) > 0).long() * 3
+                    if step % 3 == 0 and m == 0:
+                        y[0] = 9
+                    (F.cross_entropy(model(x).masked_fill(banned, float("-inf")), y) / 4).backward()
+                assert all(torch.isfinite(p.grad).all() for p in model.parameters())   # the premise
+                opt.step()
+        r = w.result()
+        assert finding(r, "non-finite-loss").severity == "error"
+    else:
+        body, head1, head2 = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 2), nn.Linear(32, 1)
+        model = nn.ModuleDict(dict(body=body, head1=head1, head2=head2))
+        opt1 = torch.optim.Adam([*body.parameters(), *head1.parameters()], 1e-2)
+        opt2 = torch.optim.Adam(head2.parameters(), 1e-2)
+        g = torch.Generator().manual_seed(0)
+        with Watch(model, opt1, every=10) as w:
+            for step in range(60):
+                x = torch.randn(16, 8, generator=g)
+                t = x[:, 1:2].clone()
+                if step >= 30:
+                    t[0] = float("nan")
+                opt1.zero_grad()
+                opt2.zero_grad()
+                h = body(x)
+                F.cross_entropy(head1(h), (x[:, 0] > 0).long()).backward()
+                F.mse_loss(head2(h.detach()), t).backward()
+                opt1.step()
+                opt2.step()
+        r = w.result()
+        assert not torch.isfinite(head2.weight).all()   # the premise: the NaN was applied
+        assert "step 31" in finding(r, "non-finite-loss").message
+    assert "non-finite-loss-dropped" not in codes(r, ("error", "warning", "info")), [f.message for f in r.findings]
+
+
 def test_nan_born_in_backward_is_named():
     r = script("watch_nan_backward", "--bad-step", 30, every=10)
     f = finding(r, "non-finite-gradient")
@@ -4906,6 +4958,47 @@ def test_a_loss_blown_up_by_the_first_updates_that_came_back_to_its_start_is_a_w
     losses, r = run(0.1)
     assert statistics.median(losses[-22:]) < 0.5 * losses[0]   # it learned
     assert "loss-diverged" not in codes(r), [f.message for f in r.findings]
+
+
+@pytest.mark.parametrize("case", ["easy-first-batch", "growing-target"])
+def test_a_regression_that_learned_is_not_said_to_have_blown_up_and_back(case):
+    """A review of the blown-up-and-back warning: (easy-first-batch) a linear regression whose first batch of 8 had
+    small targets (9.2 against ~400 for the untrained model on a typical batch) learned its weights to the noise floor;
+    (growing-target) a critic whose target's scale ramps 1 -> 30 over steps 20-60 tracks it to its noise floor. Each
+    ended near its first loss with the weights grown 20x+, and was told "learned nothing it kept". The rule asks a
+    cross-entropy that ended at chance; these are regressions."""
+    torch.manual_seed(0)
+    d = 10
+    if case == "easy-first-batch":
+        w_true = torch.randn(d) * 10
+        x_all = torch.randn(4000, d)
+        y_all = x_all @ w_true + torch.randn(4000) * 3.0
+        order = torch.argsort((y_all.abs() - 2.9).abs())
+        idx = torch.cat([order[:8], order[8:][torch.randperm(3992)]])
+        batches = [(x_all[idx[i:i + 8]], y_all[idx[i:i + 8]]) for i in range(0, 4000, 8)]
+        lr = 0.02
+    else:
+        w_true = torch.randn(d) / d ** 0.5
+        g = torch.Generator().manual_seed(0)
+        batches = []
+        for step in range(600):
+            scale = 1 + 29 * min(1, max(0, (step - 20) / 40))
+            x = torch.randn(32, d, generator=g)
+            batches.append((x, scale * (x @ w_true) + scale * 0.036 * torch.randn(32, generator=g)))
+        lr = 0.05
+    model = nn.Linear(d, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    with Watch(model, opt) as w:
+        for x, y in batches:
+            loss = F.mse_loss(model(x).squeeze(1), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert max(losses) > 10 * losses[0] and statistics.median(losses[-50:]) < 2 * losses[0]   # the premise's shape
+    said = [f.message for f in w.result().findings if f.code == "loss-diverged" and "came back no lower" in f.message]
+    assert said == []
 
 
 def test_a_loss_above_its_first_step_is_not_diverged_without_the_weights_outgrown():

@@ -24,6 +24,7 @@ ids), the logits are next-token predictions of the ones they are causal in: one 
 candidate (`_causal_in`)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -544,10 +545,14 @@ def language_model(model, inputs) -> LanguageModel | None:
         fed = tuple(v for v in vocabs if lo >= 0 and hi < v)
         if fed:
             found.append(LanguageModel(name, t, fed))
-    if len(found) > 1:
-        return _causal_in(model, inputs, found) or found[0]
-    if found and _bidirectional(model, inputs, found[0]):
-        found[0].shift = 0
+    if len(found) > 1:   # (an attention mask of ones and segment ids of zeros fit an embedding too: a review)
+        causal = _causal_in(model, inputs, found)
+        if causal is not None:
+            return causal
+    for lm in found[:3]:
+        if _bidirectional(model, inputs, lm):
+            lm.shift = 0
+            return lm
     return found[0] if found else None
 
 
@@ -590,13 +595,49 @@ def _bidirectional(model, inputs, lm: LanguageModel) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _attributes_kept(model):
+    """Every module's plain attributes put back after the probe (leave_no_trace keeps buffers, flags and RNG): a
+    recurrent LM that keeps `self.hidden = h.detach()` between calls kept the probe's batch-1 state, and the
+    command's first forward failed (a review); a counter or a list a forward appends to is put back too, and an
+    attribute the probe's forwards made is removed. Tensors are put back by reference (a write in place stays)."""
+    import torch
+
+    kinds = (torch.Tensor, int, float, bool, list, dict, tuple, type(None))
+    saved = []
+    for m in model.modules():
+        attrs = vars(m)
+        saved.append((m, {k: (v, list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else None)
+                          for k, v in attrs.items() if not k.startswith("_") and isinstance(v, kinds)},
+                      set(attrs)))
+    try:
+        yield
+    finally:
+        for m, kept, names in saved:
+            attrs = vars(m)
+            for k in [k for k in attrs if k not in names and not k.startswith("_")]:
+                del attrs[k]
+            for k, (v, contents) in kept.items():
+                if isinstance(v, list) and contents is not None:
+                    v[:] = contents
+                elif isinstance(v, dict) and contents is not None:
+                    v.clear()
+                    v.update(contents)
+                attrs[k] = v
+
+
 def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
     """One base forward and one with the last id changed: did the logits before the last position move ("raised": a
     forward raised; None: the logits do not fit the ids, or nothing moved at all)."""
     import torch
 
     def logits(x):
-        y, _ = primary_output(x.call(model))
+        # each forward from the same state: the same draws (an eval forward that stays random, F.dropout left at its
+        # default training=True, moved every position: a review) and the model's attributes as they were (a
+        # recurrent LM's kept hidden state, which the first forward advanced)
+        torch.manual_seed(0)
+        with _attributes_kept(model):
+            y, _ = primary_output(x.call(model))
         return y if isinstance(y, torch.Tensor) and y.dim() == 3 and tuple(y.shape[:2]) == tuple(ids.shape) \
             and y.shape[2] in lm.vocabs and y.is_floating_point() else None
 
@@ -624,8 +665,10 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     from .guard import leave_no_trace
     from .index_guard import guarded
 
-    def logits(ins):
-        y, _ = primary_output(ins.call(model))
+    def logits(ins):   # each from the same state, as _earlier_moved's
+        torch.manual_seed(0)
+        with _attributes_kept(model):
+            y, _ = primary_output(ins.call(model))
         return y if y.dim() == 3 and y.is_floating_point() else None
 
     try:

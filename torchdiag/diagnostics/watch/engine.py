@@ -18,6 +18,7 @@ gradients still present at the next backward (a missing zero_grad), dead units (
 outputs), parameter and BatchNorm-statistics finiteness. Host-side analysis is in findings.py."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -241,6 +242,7 @@ class Engine:
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.dropped_losses = None          # (first step, count, its event): non-finite losses not applied (_dropped)
+        self._loss_counts: collections.Counter = collections.Counter()   # backward calls a step takes -> steps
         self._bad_in: tuple | None = None   # (track, its steps since the clock's) of a read a non-clock step made
         self._uncounted: list = []          # (event, id of its track, its steps since the clock's): _credit numbers it
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
@@ -1798,11 +1800,16 @@ class Engine:
             if kind == "loss":   # the mean of each step's losses (micro-batches)
                 pos = 0
                 self.micro = max([self.micro, *payload])
+                self._loss_counts.update(n for n in payload if n)
+                usual = self._loss_counts.most_common(1)[0][0] if self._loss_counts else 1
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
-                    if n > 1 and loss[i] is not None and not math.isfinite(loss[i]) and any(
+                    if n > usual and loss[i] is not None and not math.isfinite(loss[i]) and any(
                             math.isfinite(v) for v in vals[pos:pos + n]):
-                        mixed.add(steps[i])   # a finite loss beside it: the gradient applied may be that one's
+                        # more backward calls than the run's steps take, a finite loss among them: the loop may have
+                        # dropped the bad one's gradient (micro-batches the loop always takes are all applied: a
+                        # review's -inf logit on a real label, 4 micro-batches a step, was not dropped)
+                        mixed.add(steps[i])
                     pos += n
             elif kind == "clip":   # the norm before clipping, where the loop clipped (clip.py)
                 pos = 0

@@ -447,7 +447,7 @@ def _cleared(result: Result, engine) -> None:
             else ""
         result.add("grad-cleared-before-step", "warning", "",
                    f"at {len(steps)} of the {len(looked)} steps looked at, each with several backward calls before it "
-                   f"({', '.join(map(str, steps[:5]))}{' …' if len(steps) > 5 else ''}), the gradients{whose} were "
+                   f"(steps {', '.join(map(str, steps[:5]))}{' …' if len(steps) > 5 else ''}), the gradients{whose} were "
                    f"cleared before each backward call (up to {most} backward calls between two steps, no optimizer "
                    "step between them): the step applied the last call's gradient alone, and the earlier ones were "
                    "lost, unless they only measured something (a saliency map, per-task gradients)",
@@ -1424,14 +1424,14 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    "the updates outgrew the weights and left the model worse than it started: lower the learning rate "
                    "(10× for a start), or look for an update that climbs the loss (a negated loss, maximize=True)")
         return
-    if not diverged and growth is not None and growth >= BLOWN_GROWTH and _blown_and_back(values, med, w):
+    if not diverged and growth is not None and growth >= BLOWN_GROWTH and _at_chance(classes, med[-1]) \
+            and _blown_and_back(values, med, w):
         peak_i = max(range(1, len(values)), key=lambda i: values[i])
         result.add("loss-diverged", "warning", "", f"the loss went from {values[0]:.4g} at step {pairs[0][0]} (before "
                    f"its update) to {values[peak_i]:.4g} at step {pairs[peak_i][0]} and came back no lower than where it started, {med[-1]:.4g} at step "
                    f"{pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run (from where it started, "
-                   f"or from a standard initialisation's scale where it started below): it learned nothing it kept"
-                   + (f", at chance (ln {classes} = {math.log(classes):.4g})" if _at_chance(classes, med[-1]) else "")
-                   + of, "the first updates were too large for the weights: lower the learning rate (10× for a start), "
+                   f"or from a standard initialisation's scale where it started below): it learned nothing it kept, "
+                   f"at chance (ln {classes} = {math.log(classes):.4g}){of}", "the first updates were too large for the weights: lower the learning rate (10× for a start), "
                    "or warm it up")
         return
     excursion = None if diverged else _excursion_at_any(values, [s for s, _ in pairs], w, spiked, lr_at)
@@ -1534,7 +1534,9 @@ def _blown_and_back(values: list[float], med: list[float], w: int) -> bool:
     """The loss blew up, a running median (or a median of 5 steps in the first window) at BLOWN_PEAK times the first
     step's loss (the weights as they came), came down from it BLOWN_PEAK-fold and ended no lower than nine tenths of
     that first loss (a sweep: Adam at lr 1.0 on an MLP, 1.40 at step 1, 681 at step 2, back to 1.42 at chance after
-    224 steps, the weights 42x, was an info plateau and a PASS). Ended below it, the run learned something (_plateau_hint); ended far
+    224 steps, the weights 42x, was an info plateau and a PASS). Asked only of a cross-entropy that ended at chance
+    (_at_chance): a first batch that was only an easy one (a regression's 9.2 among ~400s, ending at its noise floor)
+    or a target whose scale grew for a while (a critic's returns) has the same shape, and learned (a review). Ended below it, the run learned something (_plateau_hint); ended far
     above it beyond the noise, _held_above_first's error. A lucky first batch among losses spread over decades has no
     peak that came down. Losses that are never negative only."""
     if len(values) < 7 or values[0] <= 0 or min(values) < 0 or med[-1] <= 0:
