@@ -479,6 +479,31 @@ def test_a_model_built_with_spectral_norm_under_watch_is_one_model(tmp_path):
     assert "0.parametrizations.weight.original" in names, names
 
 
+def test_a_nan_at_the_first_step_of_a_script_says_why_it_was_not_replayed(tmp_path):
+    """A review: under the command line a NaN loss at step 1 (a -inf logit on a real label) was told "on an accelerator
+    watch looks only at read steps; every=1 replays", on the CPU: the command line finds the model at its first step,
+    after that batch's forward. The hint now says so."""
+    path = tmp_path / "first.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        banned = torch.tensor([False, False, False, True])
+        for step in range(20):
+            x = torch.randn(8, 8)
+            y = (x[:, 0] > 0).long()
+            if step == 0:
+                y[0] = 3   # a real label the mask bans
+            loss = F.cross_entropy(model(x).masked_fill(banned, float("-inf")), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+    """))
+    r = run_command(["python", str(path)], Watch(every=5))
+    f = finding(r, "non-finite-loss")
+    assert "step 1" in f.message and "accelerator" not in f.hint, f.hint
+    assert "before watch knew the model" in f.hint, f.hint
+
+
 def test_gradients_that_became_exactly_zero_while_the_loss_stays_are_a_warning():
     """The bugs benchmark: a network whose every unit died at step 34 (so_47724077) got `gradients-stopped` as info,
     "the loss no longer reaches them (a branch the loop stopped using?)": its gradients were there, exactly 0, and the

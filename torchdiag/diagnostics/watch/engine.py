@@ -1919,6 +1919,15 @@ class Engine:
                     f"the step took {self._step_losses} losses (gradient accumulation) and the batch replayed is its "
                     "last, whose forward and backward are finite with these weights: the non-finite value came from "
                     "an earlier batch of the step (not kept), in the model or in its loss")
+        elif self.opts.replay and self._host_losses and any(t.looks_on_host() for t in self.tracks.values()):
+            # on the host a bad loss is read at its own step: not replayed only where watch did not know the model yet
+            # or the weights had moved (a review: a NaN at step 1 under the command line, which finds the model at
+            # its first step, was told the accelerator's reason)
+            event["replay"] = None
+            why = ("the forward of that batch ran before watch knew the model (the command line finds the model and "
+                   "its optimizer at their first step)" if call is None or call[0]() is None else
+                   f"the weights of step {event['step']} had been updated when watch read it")
+            event["replay_note"] = f"not replayed: {why}; check the inputs of that batch, or lower the learning rate"
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "

@@ -343,6 +343,10 @@ class Track:
                 self.before = self._samples_before()
             self.early = True
 
+    def looks_on_host(self) -> bool:
+        """Whether this optimizer's per-step flag is looked at on the host (stats.host_visible: the CPU)."""
+        return self._flag_view is not None
+
     def nonfinite_now(self) -> bool:
         """On the CPU: did this step's gradients hold a NaN/Inf (the flag written by pre_step)? False elsewhere."""
         return self._flag_view is not None and not math.isfinite(float(self._flag_view[0]))
