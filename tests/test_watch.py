@@ -298,6 +298,20 @@ def test_nan_batches_the_loop_drops_are_info_and_a_nan_it_applies_stays_an_error
     assert f.severity == "error" and "step 39" in f.message and r.data["first_non_finite_step"] == 39
 
 
+def test_a_loop_dropping_most_of_its_batches_is_a_warning_not_an_error():
+    """A sweep: a loop dropping every other batch after its backward (NaN records) takes two backward calls at most
+    steps, which read as the run's usual count: its NaN steps became the non-finite-loss error, and its dropped
+    backwards `grad-cleared-before-step`. The usual count is of the steps whose losses are all finite."""
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    with Watch(model, opt, every=10) as w:
+        _dropping_loop(model, opt, 60, {i for i in range(1, 60, 2)})
+    r = w.result()
+    f = finding(r, "non-finite-loss-dropped")
+    assert f.severity == "warning" and "29 of 30 steps" in f.message, f.message   # the last drop has no step after it
+    assert codes(r) == {"non-finite-loss-dropped"}, [x.message for x in r.findings]
+
+
 @pytest.mark.parametrize("case", ["accumulated", "second-optimizer"])
 def test_non_finite_losses_every_step_applies_are_not_said_to_be_dropped(case):
     """A review of non-finite-loss-dropped: (accumulated) a vocabulary mask of -inf on a class that is a real label,
@@ -502,6 +516,29 @@ def test_a_nan_at_the_first_step_of_a_script_says_why_it_was_not_replayed(tmp_pa
     f = finding(r, "non-finite-loss")
     assert "step 1" in f.message and "accelerator" not in f.hint, f.hint
     assert "before watch knew the model" in f.hint, f.hint
+
+
+def test_finite_weights_whose_float32_norm_overflows_are_not_called_non_finite():
+    """A sweep: SGD warmed up to lr 8 grew a weight to 1.3e19 at most, every element finite; its float32 norm was inf,
+    and watch said `non-finite-parameter` ("an update overflowed"). Such a norm is taken again in float64."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with Watch(model, opt, every=5) as w:
+        for step in range(12):
+            if step == 6:
+                with torch.no_grad():
+                    model[0].weight.fill_(1e19)   # finite, its squared sum past float32's range
+            x = torch.randn(16, 8)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.zero_grad()   # no update: the weight stays as written
+            opt.step()
+    assert torch.isfinite(model[0].weight).all() and model[0].weight.norm().isinf()   # the premise
+    r = w.result()
+    assert "non-finite-parameter" not in codes(r), [f.message for f in r.findings]
+    row = next(row for row in r.tables[0].rows if row["name"] == "0.weight")
+    assert math.isfinite(w.engine.tracks[id(opt)].weight_norm[0]), row
 
 
 def test_gradients_that_became_exactly_zero_while_the_loss_stays_are_a_warning():

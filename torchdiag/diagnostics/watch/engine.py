@@ -1800,11 +1800,16 @@ class Engine:
             if kind == "loss":   # the mean of each step's losses (micro-batches)
                 pos = 0
                 self.micro = max([self.micro, *payload])
-                self._loss_counts.update(n for n in payload if n)
-                usual = self._loss_counts.most_common(1)[0][0] if self._loss_counts else 1
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
-                    if n > usual and loss[i] is not None and not math.isfinite(loss[i]) and any(
+                    pos += n
+                # backward calls a step with finite losses only takes, the run's usual (a loop dropping most batches
+                # takes two or more at most steps: those steps are not its usual; a review)
+                self._loss_counts.update(n for n, v in zip(payload, loss) if n and v is not None and math.isfinite(v))
+                usual = self._loss_counts.most_common(1)[0][0] if self._loss_counts else None
+                pos = 0
+                for i, n in enumerate(payload):
+                    if usual is not None and n > usual and loss[i] is not None and not math.isfinite(loss[i]) and any(
                             math.isfinite(v) for v in vals[pos:pos + n]):
                         # more backward calls than the run's steps take, a finite loss among them: the loop may have
                         # dropped the bad one's gradient (micro-batches the loop always takes are all applied: a

@@ -434,7 +434,11 @@ def _cleared(result: Result, engine) -> None:
     (stats.Track._cleared): the step applied the last micro-batch's gradient alone (zero_grad inside the accumulation
     loop: a sweep's run ended 3x worse, and watch passed it)."""
     looks = engine.checks.get("carry_looked", {})
+    # a step that took a non-finite loss: the loop dropped that batch's gradients (non-finite-loss-dropped), not
+    # micro-batches' (a review: a loop dropping 45% of its batches was said to clear inside its micro-batch loop)
+    bad = {s for s, v in zip(engine.series.get("step", []), engine.series["loss"]) if v is not None and not math.isfinite(v)}
     for key, (t, hits) in engine.checks.get("cleared", {}).items():
+        hits = [h for h in hits if h[0] not in bad]
         # at most of the steps looked at: a loop that skips a bad batch now and then (zero_grad, no step) clears one
         # backward's gradient at those steps alone (a review: "3 of the 3 steps" with several backwards)
         looked = looks.get(key, set())

@@ -1150,12 +1150,16 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
             checks["crossed"].setdefault(id(payload[0]), (payload[0], payload[1], vals[1]))
     elif kind == "weights":
         track, step = payload
+        for i, v in enumerate(vals):
+            if not math.isfinite(v):
+                widened = _wide_norm(track.params[i])
+                if widened is None:
+                    checks["param_nonfinite"].setdefault(track.names[i], step)
+                else:   # finite elements whose float32 norm overflowed (a review: 1.3e19 at most, "non-finite")
+                    vals[i] = widened
         track.weight_norm = vals
         if track.start_norm is None:
             track.start_norm = vals
-        for i, v in enumerate(vals):
-            if not math.isfinite(v):
-                checks["param_nonfinite"].setdefault(track.names[i], step)
     elif kind == "grads":
         track = payload[0]
         track.grad_max = [max(a, b) if math.isfinite(b) else a for a, b in zip(track.grad_max, vals)]
@@ -1243,6 +1247,17 @@ def _dot_norms(old, new, zero3):
         return torch.stack([a @ b, a @ a, b @ b]).to(zero3.dtype)
     except Exception:   # noqa: BLE001 - a look only
         return zero3
+
+
+def _wide_norm(p) -> float | None:
+    """A parameter's L2 norm in float64 where its elements are all finite, else None: one read, asked only where its
+    float32 norm was not finite (an event, not a step)."""
+    import torch
+
+    with torch.no_grad():
+        if not bool(torch.isfinite(p).all()):
+            return None
+        return float((p.detach().cpu() if p.device.type == "mps" else p.detach()).double().norm())   # (no float64 on mps)
 
 
 def _fingerprint(t):
