@@ -413,6 +413,14 @@ def test_the_bidirectional_probe_reads_a_masked_model_a_random_eval_and_leaves_t
     ids = torch.randint(0, 50, (3, 24), generator=torch.Generator().manual_seed(1))
     lm = language_model(_MaskedEncoder(causal=False), ModelInputs((ids, torch.ones(3, 24, dtype=torch.long))))
     assert lm.ids is ids and lm.shift == 0
+    # the first sample padded from position 10 (a tokenizer's padding=True, the short sentence first): its last id
+    # moves nothing, and the mask, which moves the logits, was taken for the ids (a review: a loss against the mask)
+    padded = torch.ones(3, 24, dtype=torch.long)
+    padded[0, 10:] = 0
+    lm = language_model(_MaskedEncoder(causal=False), ModelInputs((ids, padded)))
+    assert lm.ids is ids and lm.shift == 0
+    lm = language_model(_MaskedEncoder(causal=False), ModelInputs((), {"mask": padded, "ids": ids}))   # mask first
+    assert lm.ids is ids and lm.shift == 0
     lm = language_model(_RandomEvalCausal(causal=True), ModelInputs((ids,)))
     assert lm.shift == 1
     model = _StatefulGRU()

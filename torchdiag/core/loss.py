@@ -563,9 +563,10 @@ def _bidirectional(model, inputs, lm: LanguageModel) -> bool:
     """Whether a change to the last id moves the logits of earlier positions: a model that reads the whole sequence
     (a masked LM: BERT, RoFormer, ConvBert) whose logits are not next-token predictions, where a next-token target
     sits in its own input (a sweep: a ConvBert MLM "learned" next tokens to 1% of the start in 14 steps, a copy).
-    Two eval-mode forwards under no_grad, leaving no trace, on the first sample cut to BIDIRECTIONAL_PROBE positions
-    (every input laid out as the ids cut alike), else on the inputs as given (a model of fixed length refuses the
-    cut); False where unsure (the model raised, its logits do not fit, the last id moved nothing)."""
+    Two eval-mode forwards under no_grad, leaving no trace, on the samples cut to BIDIRECTIONAL_PROBE positions (every
+    input laid out as the ids cut alike), else on the inputs as given (a model of fixed length refuses the cut); False
+    where unsure (the model raised, its logits do not fit, the ids feed no embedding of the logits' size, the last
+    ids moved nothing)."""
     import torch
 
     from .guard import leave_no_trace
@@ -573,16 +574,14 @@ def _bidirectional(model, inputs, lm: LanguageModel) -> bool:
 
     n, t = lm.ids.shape
     length = min(t, BIDIRECTIONAL_PROBE)
-    short_ids = lm.ids[:1, :length]
+    short_ids = lm.ids[:, :length]
 
-    def cut(x):
+    def cut(x):   # every sample: the first one's last position may be padding, which moves nothing (a review)
         if x is lm.ids:
             return short_ids
-        if x.dim() >= 2 and tuple(x.shape[:2]) == (n, t):
-            return x[:1, :length]
-        return x[:1] if x.dim() >= 1 and x.shape[0] == n else x
+        return x[:, :length] if x.dim() >= 2 and tuple(x.shape[:2]) == (n, t) else x
 
-    tries = [(inputs.map(cut), short_ids)] if length >= 2 and (length < t or n > 1) else []
+    tries = [(inputs.map(cut), short_ids)] if 2 <= length < t else []
     try:
         with leave_no_trace(model, buffers=True), torch.no_grad(), guarded(model):
             model.eval()
@@ -631,20 +630,21 @@ def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
     forward raised; None: the logits do not fit the ids, or nothing moved at all)."""
     import torch
 
-    def logits(x):
+    def logits(x, fed=None):
         # each forward from the same state: the same draws (an eval forward that stays random, F.dropout left at its
         # default training=True, moved every position: a review) and the model's attributes as they were (a
         # recurrent LM's kept hidden state, which the first forward advanced)
         torch.manual_seed(0)
-        with _attributes_kept(model):
+        with _attributes_kept(model), _embedding_inputs(model, fed):
             y, _ = primary_output(x.call(model))
         return y if isinstance(y, torch.Tensor) and y.dim() == 3 and tuple(y.shape[:2]) == tuple(ids.shape) \
             and y.shape[2] in lm.vocabs and y.is_floating_point() else None
 
     try:
-        base = logits(ins)
-        if base is None or base.shape[1] < 2:
-            return None
+        fed: list = []
+        base = logits(ins, fed)
+        if base is None or base.shape[1] < 2 or not _feeds(fed, ids, base.shape[2]):
+            return None   # not the ids of the vocabulary (an attention mask of 0/1 fits its range: a review)
         changed = ids.clone()
         changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
         after = logits(ins.map(lambda x: changed if x is ids else x))
@@ -653,6 +653,39 @@ def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
     if after is None or after.shape != base.shape or torch.equal(after, base):
         return None
     return not torch.equal(after[:, :-1], base[:, :-1])
+
+
+@contextlib.contextmanager
+def _embedding_inputs(model, fed: list | None):
+    """(rows, the ids given) of every nn.Embedding call of the model's forward, appended to `fed` (None: nothing)."""
+    import torch
+
+    handles = [] if fed is None else [
+        m.register_forward_pre_hook(lambda mod, args: fed.append((mod.num_embeddings, args[0] if args else None)))
+        for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _feeds(fed: list, ids, rows: int) -> bool:
+    """Did `ids` (the tensor, its values under another shape, or padded at the end: Longformer pads to its window)
+    index an embedding of `rows` rows?"""
+    import torch
+
+    def same(x) -> bool:
+        if x is ids:
+            return True
+        if not isinstance(x, torch.Tensor) or x.dtype != ids.dtype:
+            return False
+        if x.numel() == ids.numel():
+            return torch.equal(x.reshape(-1), ids.reshape(-1))
+        return x.dim() == 2 and x.shape[0] == ids.shape[0] and x.shape[1] > ids.shape[1] and \
+            torch.equal(x[:, :ids.shape[1]], ids)
+
+    return any(n == rows and same(x) for n, x in fed)
 
 
 def _causal_in(model, inputs, found: list) -> LanguageModel | None:
@@ -665,18 +698,19 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     from .guard import leave_no_trace
     from .index_guard import guarded
 
-    def logits(ins):   # each from the same state, as _earlier_moved's
+    def logits(ins, fed=None):   # each from the same state, as _earlier_moved's
         torch.manual_seed(0)
-        with _attributes_kept(model):
+        with _attributes_kept(model), _embedding_inputs(model, fed):
             y, _ = primary_output(ins.call(model))
         return y if y.dim() == 3 and y.is_floating_point() else None
 
     try:
         with leave_no_trace(model, buffers=True), torch.no_grad(), guarded(model):
             model.eval()
-            base = logits(inputs)
+            fed: list = []
+            base = logits(inputs, fed)
             for lm in found:
-                if base is None or not lm.fits(base) or base.shape[1] < 2:
+                if base is None or not lm.fits(base) or base.shape[1] < 2 or not _feeds(fed, lm.ids, base.shape[2]):
                     continue
                 changed = lm.ids.clone()
                 changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
