@@ -573,8 +573,8 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
 
 
 def _head_labels(cls, config) -> tuple[str, int] | None:
-    """("token", C) for a token-classification head, ("multi_label", C) for a sequence classifier whose config says
-    multi_label_classification: random labels of that kind are given and the model's own loss is trained (a sweep:
+    """("token", C) for a token-classification head, ("multi_label", C) or ("regression", C) for a sequence classifier
+    whose config says multi_label_classification or regression: random labels of that kind are given and the model's own loss is trained (a sweep:
     a token classifier's (N, T, C) logits got mse against random reals, a multi-label one softmax cross-entropy,
     where transformers computes a cross-entropy per token and a binary one per label). None otherwise: a sequence
     classifier's (N, C) logits get the auto cross-entropy, which is its own single-label loss."""
@@ -590,9 +590,10 @@ def _head_labels(cls, config) -> tuple[str, int] | None:
 
     if mapped("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"):
         return ("token", classes)
-    if getattr(config, "problem_type", None) == "multi_label_classification" and mapped(
-            "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"):
-        return ("multi_label", classes)
+    kind = {"multi_label_classification": "multi_label", "regression": "regression"}.get(
+        getattr(config, "problem_type", None) or "")
+    if kind and mapped("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"):
+        return (kind, classes)   # (a regression of C outputs: its mse, not the auto cross-entropy: a review)
     return None
 
 
