@@ -545,7 +545,12 @@ def language_model(model, inputs) -> LanguageModel | None:
         fed = tuple(v for v in vocabs if lo >= 0 and hi < v)
         if fed:
             found.append(LanguageModel(name, t, fed))
-    if len(found) > 1:   # (an attention mask of ones and segment ids of zeros fit an embedding too: a review)
+    if len(found) > 1:
+        # an attention mask and segment ids fit an embedding too (a review: a padded first sample's mask was taken for
+        # the ids): the candidates with the most distinct values first, as ids have (one read each). Not whether a
+        # candidate reaches an nn.Embedding as it is: ids offset, transposed or read through F.embedding do not (a
+        # review of that version)
+        found.sort(key=lambda lm: -int(torch.unique(lm.ids).numel()))
         causal = _causal_in(model, inputs, found)
         if causal is not None:
             return causal
@@ -565,8 +570,7 @@ def _bidirectional(model, inputs, lm: LanguageModel) -> bool:
     sits in its own input (a sweep: a ConvBert MLM "learned" next tokens to 1% of the start in 14 steps, a copy).
     Two eval-mode forwards under no_grad, leaving no trace, on the samples cut to BIDIRECTIONAL_PROBE positions (every
     input laid out as the ids cut alike), else on the inputs as given (a model of fixed length refuses the cut); False
-    where unsure (the model raised, its logits do not fit, the ids feed no embedding of the logits' size, the last
-    ids moved nothing)."""
+    where unsure (the model raised, its logits do not fit, the last ids moved nothing)."""
     import torch
 
     from .guard import leave_no_trace
@@ -630,21 +634,20 @@ def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
     forward raised; None: the logits do not fit the ids, or nothing moved at all)."""
     import torch
 
-    def logits(x, fed=None):
+    def logits(x):
         # each forward from the same state: the same draws (an eval forward that stays random, F.dropout left at its
         # default training=True, moved every position: a review) and the model's attributes as they were (a
         # recurrent LM's kept hidden state, which the first forward advanced)
         torch.manual_seed(0)
-        with _attributes_kept(model), _embedding_inputs(model, fed):
+        with _attributes_kept(model):
             y, _ = primary_output(x.call(model))
         return y if isinstance(y, torch.Tensor) and y.dim() == 3 and tuple(y.shape[:2]) == tuple(ids.shape) \
             and y.shape[2] in lm.vocabs and y.is_floating_point() else None
 
     try:
-        fed: list = []
-        base = logits(ins, fed)
-        if base is None or base.shape[1] < 2 or not _feeds(fed, ids, base.shape[2]):
-            return None   # not the ids of the vocabulary (an attention mask of 0/1 fits its range: a review)
+        base = logits(ins)
+        if base is None or base.shape[1] < 2:
+            return None
         changed = ids.clone()
         changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
         after = logits(ins.map(lambda x: changed if x is ids else x))
@@ -653,39 +656,6 @@ def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
     if after is None or after.shape != base.shape or torch.equal(after, base):
         return None
     return not torch.equal(after[:, :-1], base[:, :-1])
-
-
-@contextlib.contextmanager
-def _embedding_inputs(model, fed: list | None):
-    """(rows, the ids given) of every nn.Embedding call of the model's forward, appended to `fed` (None: nothing)."""
-    import torch
-
-    handles = [] if fed is None else [
-        m.register_forward_pre_hook(lambda mod, args: fed.append((mod.num_embeddings, args[0] if args else None)))
-        for m in model.modules() if isinstance(m, torch.nn.Embedding)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _feeds(fed: list, ids, rows: int) -> bool:
-    """Did `ids` (the tensor, its values under another shape, or padded at the end: Longformer pads to its window)
-    index an embedding of `rows` rows?"""
-    import torch
-
-    def same(x) -> bool:
-        if x is ids:
-            return True
-        if not isinstance(x, torch.Tensor) or x.dtype != ids.dtype:
-            return False
-        if x.numel() == ids.numel():
-            return torch.equal(x.reshape(-1), ids.reshape(-1))
-        return x.dim() == 2 and x.shape[0] == ids.shape[0] and x.shape[1] > ids.shape[1] and \
-            torch.equal(x[:, :ids.shape[1]], ids)
-
-    return any(n == rows and same(x) for n, x in fed)
 
 
 def _causal_in(model, inputs, found: list) -> LanguageModel | None:
@@ -698,19 +668,18 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     from .guard import leave_no_trace
     from .index_guard import guarded
 
-    def logits(ins, fed=None):   # each from the same state, as _earlier_moved's
+    def logits(ins):   # each from the same state, as _earlier_moved's
         torch.manual_seed(0)
-        with _attributes_kept(model), _embedding_inputs(model, fed):
+        with _attributes_kept(model):
             y, _ = primary_output(ins.call(model))
         return y if y.dim() == 3 and y.is_floating_point() else None
 
     try:
         with leave_no_trace(model, buffers=True), torch.no_grad(), guarded(model):
             model.eval()
-            fed: list = []
-            base = logits(inputs, fed)
+            base = logits(inputs)
             for lm in found:
-                if base is None or not lm.fits(base) or base.shape[1] < 2 or not _feeds(fed, lm.ids, base.shape[2]):
+                if base is None or not lm.fits(base) or base.shape[1] < 2:
                     continue
                 changed = lm.ids.clone()
                 changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
