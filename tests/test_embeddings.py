@@ -481,3 +481,19 @@ def test_a_layer_that_makes_new_channels_is_not_vetoed_by_its_input():
     res = run("embeddings", Stage(), (torch.randn(4, 3, 64, 64),), layer="fc1")
     assert res.data["layer_output_shape"] == [4, 16, 16, 64] and res.data["dim"] == 64, res.data
     assert "channels last" in res.data["reduction"]
+
+
+def test_a_source_models_default_inputs_give_the_projector_several_samples(cli, tmp_path):
+    """A new user's hour: `embeddings hf:... --layer ... --tb` at defaults wrote one vector (the default batch of 1 of
+    a command that does not train), and the projector had nothing to show. A source's defaults take 16 samples here;
+    the header says why."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=32)
+    cfg.architectures = ["BertModel"]
+    cfg.save_pretrained(tmp_path / "bert")
+    r = cli("embeddings", f"hf:{tmp_path / 'bert'}", "--layer", "pooler", "--tb", tmp_path / "tb", "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    assert doc["samples"] == 16 and doc["inputs"][0].startswith("input[0]: 16x"), doc["inputs"]
+    assert "batch 16: the command compares samples" in doc["input_source"]

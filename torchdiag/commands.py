@@ -113,6 +113,8 @@ class Command:
     # backward with --mode), "backward" (and a gradient per trainable parameter), "step" (and a copy trained with the
     # run's optimizer: the copy, its gradients, the optimizer's state). core/resources charges the memory for it.
     trains: str | None = None
+    # the samples a source's default inputs take where one says nothing (embeddings: a projector of one point)
+    samples: int = 1
 
     @property
     def module_name(self) -> str:
@@ -173,7 +175,7 @@ COMMANDS: tuple[Command, ...] = (
        "and of F.scaled_dot_product_attention calls) for one forward pass.", ("model", "hub", "inputs", "output"),
        renderer=True),
     _c("embeddings", "Write the layer's outputs for the batch for TensorBoard's projector (DIR/embeddings/).",
-       ("model", "hub", "inputs", "batch", "output"), renderer=True),
+       ("model", "hub", "inputs", "batch", "output"), renderer=True, samples=16),
     _c("gradcheck", "Check the gradients of your own autograd code against numerical ones, in float64.",
        ("model", "inputs", "output"), target="callable", defaults={"device": "cpu"}),
     _c("data", "What goes in and whether the loader keeps up: value ranges, NaN, labels, duplicates, train/val "

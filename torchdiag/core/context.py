@@ -298,6 +298,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     check_supported(spec, device)
     loaded = load_model(spec.model, list(spec.args), device, spec.seed, spec.download, run=spec)
     loaded.model = eager(loaded.model, spec.command, loaded.header)
+    if sources.samples(spec.command) > 1:
+        sources.for_samples(loaded, sources.samples(spec.command))
     if sources.trains(spec.command):
         sources.for_training(loaded, spec.command)   # a source's default batch of 1 breaks BatchNorm in train mode
         own_step_note(loaded.model, loaded.header)

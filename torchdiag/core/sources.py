@@ -736,6 +736,12 @@ def _lm_head(cls) -> bool:
         name in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values() or name in vlm.values()
 
 
+def samples(command: str) -> int:
+    from ..commands import BY_NAME
+
+    return BY_NAME[command].samples if command in BY_NAME else 1
+
+
 def trains(command: str) -> bool:
     from ..commands import BY_NAME
 
@@ -751,6 +757,18 @@ def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:
         first, x, rest = dims.partition("x")
         out.append(name + eq + (f"{batch}{x}{rest}{colon}{dtype}" if first == "1" and (x or eq) else s))
     return tuple(out)
+
+
+def for_samples(loaded, samples: int) -> None:
+    """A source model's default inputs at `samples` for a command whose result one sample makes empty (embeddings'
+    projector: a new user got one point at defaults). A user's own -i or example_inputs are never changed."""
+    if loaded.default_inputs and samples > 1:
+        wider = batched(tuple(loaded.default_inputs), samples)
+        if getattr(loaded, "input_alternatives", ()):
+            loaded.input_alternatives = tuple(batched(a, samples) for a in loaded.input_alternatives)
+        if wider != tuple(loaded.default_inputs):
+            loaded.default_inputs = wider
+            loaded.input_source += f"; batch {samples}: the command compares samples, and one says nothing"
 
 
 def for_training(loaded, command: str = "") -> None:
