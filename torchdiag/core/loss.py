@@ -629,20 +629,26 @@ def _attributes_kept(model):
                 attrs[k] = v
 
 
+def _probe_logits(model, ins):
+    """The (N, T, V) float output of one probe forward, else None. Each forward from the same state: the same draws
+    (an eval forward that stays random, F.dropout left at its default training=True, moved every position: a review)
+    and the model's attributes as they were (a recurrent LM's kept hidden state, which a first forward advanced)."""
+    import torch
+
+    torch.manual_seed(0)
+    with _attributes_kept(model):
+        y, _ = primary_output(ins.call(model))
+    return y if isinstance(y, torch.Tensor) and y.dim() == 3 and y.is_floating_point() else None
+
+
 def _earlier_moved(model, ins, ids, lm: LanguageModel) -> bool | str | None:
     """One base forward and one with the last id changed: did the logits before the last position move ("raised": a
     forward raised; None: the logits do not fit the ids, or nothing moved at all)."""
     import torch
 
     def logits(x):
-        # each forward from the same state: the same draws (an eval forward that stays random, F.dropout left at its
-        # default training=True, moved every position: a review) and the model's attributes as they were (a
-        # recurrent LM's kept hidden state, which the first forward advanced)
-        torch.manual_seed(0)
-        with _attributes_kept(model):
-            y, _ = primary_output(x.call(model))
-        return y if isinstance(y, torch.Tensor) and y.dim() == 3 and tuple(y.shape[:2]) == tuple(ids.shape) \
-            and y.shape[2] in lm.vocabs and y.is_floating_point() else None
+        y = _probe_logits(model, x)
+        return y if y is not None and tuple(y.shape[:2]) == tuple(ids.shape) and y.shape[2] in lm.vocabs else None
 
     try:
         base = logits(ins)
@@ -668,22 +674,16 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     from .guard import leave_no_trace
     from .index_guard import guarded
 
-    def logits(ins):   # each from the same state, as _earlier_moved's
-        torch.manual_seed(0)
-        with _attributes_kept(model):
-            y, _ = primary_output(ins.call(model))
-        return y if y.dim() == 3 and y.is_floating_point() else None
-
     try:
         with leave_no_trace(model, buffers=True), torch.no_grad(), guarded(model):
             model.eval()
-            base = logits(inputs)
+            base = _probe_logits(model, inputs)
             for lm in found:
                 if base is None or not lm.fits(base) or base.shape[1] < 2:
                     continue
                 changed = lm.ids.clone()
                 changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
-                after = logits(inputs.map(lambda t, lm=lm, changed=changed: changed if t is lm.ids else t))
+                after = _probe_logits(model, inputs.map(lambda t, lm=lm, changed=changed: changed if t is lm.ids else t))
                 if after is not None and after.shape == base.shape and torch.equal(after[:, :-1], base[:, :-1]) \
                         and not torch.equal(after[:, -1], base[:, -1]):
                     return lm
