@@ -4965,6 +4965,29 @@ def test_a_flat_loss_under_weights_grown_tenfold_is_not_told_the_rate_is_too_sma
     assert hint(1.3, 2, [v * math.log(2) / 0.9 for v in hf]).startswith("it sits at chance: ln 2 = 0.6931")
 
 
+def test_a_loss_that_rose_again_over_the_second_half_is_not_told_the_rate_may_be_too_small():
+    """A sweep: Adam at lr 1 on an MLP fell from 87 to a running median of 0 by mid-run (saturated answers), then
+    rose to 0.24 between spikes of several hundred. loss-plateau's hint said "converged, or the learning rate is too
+    small": a rate too small does not lift a loss. A hand-built curve of that shape, and its mirror that stays flat."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    g = torch.Generator().manual_seed(0)
+    noise = (torch.rand(320, generator=g) * 0.1).tolist()
+    fall = [2.0 * 0.97 ** i for i in range(160)]
+    rise = [max(0.0, 0.3 * (i / 160) + noise[i] - 0.05) for i in range(160)]   # zeros early on, then up to ~0.3
+
+    def hint(values):
+        result = Result("watch")
+        report._loss_curve(result, list(enumerate(values, 1)), {}, Options(), raw_growth=1.5)
+        return finding(result, "loss-plateau").hint
+
+    said = hint(fall + rise)
+    assert "rose again" in said and "too small" not in said, said
+    assert hint([max(0.05, 2.0 * 0.9 ** i) for i in range(320)]) == \
+        "converged, or the learning rate is too small"   # a fall that settled at its floor
+
+
 def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():
     """A sweep: a warm-up over 20 steps to Adam at lr 2 took the loss from 1.34 to a first window's median of 5.1 and
     ~115 to the end (the weights 129x): a warning that said it "was still at 115.5", exit 0. The blown-up rule tested

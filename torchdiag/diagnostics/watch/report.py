@@ -1475,8 +1475,9 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     if min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] else
                     f"median {statistics.median(values[:h]):.4g} over the first half, "
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
+            rose = _fell(values[-w:], values[h - w:h])   # the end's window above the half's, beyond their noise
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0], classes))
+                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0], classes, rose))
 
 
 CHANCE = (0.9, 1.1)   # a cross-entropy between these shares of ln C: about what knowing nothing of the inputs scores
@@ -1503,15 +1504,21 @@ def _at_chance(classes: int, level: float) -> str:
             "or a learning rate too small to learn; ")
 
 
-def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0) -> str:
+def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0, rose: bool = False) -> str:
     """A flat loss with weights grown BLOWN_GROWTH-fold that ended above half its first step's loss (the weights as
     they came: it learned little) is not a rate too small: HF Trainer's AdamW at 100x the rate (a BERT's loss 0.69 ->
     5.4 -> ~0.9, the weights 10.8x, the rate decayed to ~0 by the end) was told "converged, or the learning rate is
     too small". One that fell far is converged, however its weights grew from a tiny init (a review: 13 -> 0.087 at
-    the noise floor, the weights 464x)."""
+    the noise floor, the weights 464x). `rose`: the last window's losses above the second half's first window's
+    beyond their noise: not converged, and a rate too small does not lift a loss (a sweep: Adam at lr 1 on an MLP,
+    87 -> 0 by mid-run, then back up to 0.24 between spikes of several hundred, was told the rate may be too small)."""
     if growth is not None and growth >= BLOWN_GROWTH and first > 0 and end > 0.5 * first:
         return (f"the weights' norm grew {growth:.3g}× over the run: updates that outgrew the weights (a learning rate "
                 "too high) keep a loss from settling; lower the learning rate (10× for a start)")
+    if rose:
+        return ("it rose again over the second half, so it has not converged: updates too large to settle at a minimum "
+                "(a learning rate too high: lower it or decay it), or an objective that changes over the run (an "
+                "annealed term, a curriculum)")
     return _at_chance(classes, end).rstrip("; ") or "converged, or the learning rate is too small"
 
 
