@@ -2154,9 +2154,9 @@ def test_divergence_after_the_learning_rate_rose():
 
 def test_units_that_die_two_reads_before_the_end_are_found():
     """A review: counting units dead at two reads in a row, and then asking it of the last two reads, asked for three:
-    units dead from step 80 to the end (reads at 80 and 90) were not found."""
+    units dead from step 80 to the end (reads at the forwards of steps 81 and 91) were not found."""
     f = finding(script("watch_dead_units", "--bad-step", 75), "dead-units")
-    assert f.where == "1" and "read at steps 80 and 90" in f.message, f.message
+    assert f.where == "1" and "read at steps 81 and 91" in f.message, f.message
 
 
 def test_units_that_go_dead():
@@ -2181,7 +2181,7 @@ def test_units_that_go_dead():
         opt.step()
     dead = int((dead_at[81] & dead_at[91] & ~dead_at[1]).sum())
     assert dead >= 32
-    assert "read at steps 80 and 90" in f.message, f.message
+    assert "read at steps 81 and 91" in f.message, f.message
     assert abs(int(f.message.split(" of ")[0]) - dead) <= 3, (f.message, dead)
 
 
@@ -2210,7 +2210,7 @@ def test_a_layer_mostly_dead_at_the_first_read_whose_other_units_die_is_dead_uni
     assert f is not None and f.severity == "warning", w.result().findings
     alive = int(f.message.split("(all ")[1].split(" that")[0])   # 6 or fewer: one may be dark on a batch
     assert alive <= 6 and f.message.startswith(f"{alive} of 16 units of 1 went dead over the run (all {alive} that "
-                                               f"were non-zero at step 0, the other {16 - alive} zero on its batch "
+                                               f"were non-zero at step 1, the other {16 - alive} zero on its batch "
                                                "already; no unit of it non-zero now,"), f.message
 
 
@@ -3067,7 +3067,7 @@ def _old_dead(probes) -> dict:
             before = last.get(name)   # newly dead: dead at the sample before too (the same units)
             held = ~alive & ~before if before is not None and before.shape == alive.shape else ~alive
             last[name] = alive
-            out.setdefault(name, []).append((step, float((f & held).sum()), float((~alive).sum()),
+            out.setdefault(name, []).append((step + 1, float((f & held).sum()), float((~alive).sum()),
                                              bool(o.amin() >= 0), alive.numel()))
     return out
 
@@ -3114,18 +3114,19 @@ def test_dead_units_equal_the_per_module_computation_on_a_hand_built_case():
         probe.collect()
         for h in mine:
             h.remove()
-        recorded.append((step, outputs))
+        recorded.append((step, outputs))   # steps done before this forward: it is part of step + 1
         engine.read()
     got = engine.checks["dead"]
     assert got == _old_dead(recorded)
-    # act, called twice per forward, is two layers of units, each compared with its own first sample: after fc
+    # act, called twice per forward, is two layers of units, each compared with its own first sample (steps: the one each
+    # forward is part of, one after the steps done): after fc
     # (units 0 and 1 die at step 50: newly dead once dead at two samples in a row, step 100), after conv (channel 3
     # dead from the start, so never newly dead)
-    assert got["act"][:3] == [(0, 0.0, 0.0, True, 4), (50, 0.0, 2.0, True, 4), (100, 2.0, 2.0, True, 4)]
-    assert got["act#2"][:2] == [(0, 0.0, 1.0, True, 4), (50, 0.0, 1.0, True, 4)]
-    assert got["fc"][1] == (50, 0.0, 0.0, False, 4)    # negative, not zero
-    assert got["seq"][1] == (50, 0.0, 2.0, True, 5) and got["seq"][2] == (100, 0.0, 3.0, True, 6)
-    assert got["seq"][3] == (150, 0.0, 3.0, False, 6)
+    assert got["act"][:3] == [(1, 0.0, 0.0, True, 4), (51, 0.0, 2.0, True, 4), (101, 2.0, 2.0, True, 4)]
+    assert got["act#2"][:2] == [(1, 0.0, 1.0, True, 4), (51, 0.0, 1.0, True, 4)]
+    assert got["fc"][1] == (51, 0.0, 0.0, False, 4)    # negative, not zero
+    assert got["seq"][1] == (51, 0.0, 2.0, True, 5) and got["seq"][2] == (101, 0.0, 3.0, True, 6)
+    assert got["seq"][3] == (151, 0.0, 3.0, False, 6)
 
 
 def test_update_ratios_equal_the_plain_sample_on_a_known_update():

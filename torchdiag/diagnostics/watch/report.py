@@ -2087,18 +2087,18 @@ def _trained_on(result: Result, alive: int | None) -> str | None:
     if alive is None:
         return None
     if any(v is not None and not math.isfinite(v) for s, v in zip(result.series["step"], result.series["loss"])
-           if s > alive):
+           if s >= alive):
         return None   # a loss that went non-finite since: the run did not go on well
     pairs = _finite_pairs(result.series["step"], result.series["loss"])
-    before = [v for s, v in pairs if s <= alive][-SPARED_READS:]
-    later = [v for s, v in pairs if s > alive]
+    before = [v for s, v in pairs if s < alive][-SPARED_READS:]   # the read's own step is after the update before it
+    later = [v for s, v in pairs if s >= alive]
     if len(before) < 2 or len(later) < SPARED_READS:
         return None
     then, now = statistics.median(before), statistics.median(later[-SPARED_READS:])
     if not (then > 0 and now <= SPARED_FALL * then):
         return None
-    return (f"training went on without them: the loss fell from {then:.4g} (median of the steps up to step {alive}, "
-            f"the last read that saw them alive) to {now:.4g} (median of the last {SPARED_READS} steps)")
+    return (f"training went on without them: the loss fell from {then:.4g} (median of the steps before step {alive}, "
+            f"whose read was the last to see them alive) to {now:.4g} (median of the last {SPARED_READS} steps)")
 
 
 def _dead_root(name: str, dead: dict, feeds: dict) -> str:

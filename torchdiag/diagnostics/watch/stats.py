@@ -829,7 +829,8 @@ class DeadUnits:
         per_unit = torch.stack([first & held, dead, (mn >= 0).logical_not(),
                                 first & held & came if came is not None else torch.zeros_like(dead)], 1).float()
         counts = torch.zeros((len(entries), 4), dtype=per_unit.dtype, device=alive.device).index_add_(0, seg, per_unit)
-        eng.pending.append(("dead", (eng.step, list(zip(names, sizes))), counts))
+        # the step this forward is part of, as the loss's (a forward before any step was "step 0" beside a loss at 1)
+        eng.pending.append(("dead", (eng.step + 1, list(zip(names, sizes))), counts))
 
 
 def _holds_parameters(module) -> bool:
