@@ -2330,6 +2330,31 @@ def test_a_training_loss_back_near_its_start_beside_a_worse_validation_loss_is_d
     assert f.severity == "warning" and "val_loss got worse with it" in f.message, f.message
 
 
+def test_an_accuracy_within_its_sampling_error_on_the_samples_counted_is_no_trend():
+    """A sweep: val_acc on 400 samples after each of 30 epochs (below, from that run), one evaluation at 0.885 among
+    ~0.865 while a 28k-sample test set improved throughout (0.854 -> 0.869): val-worsens said it got worse, and
+    that the labels might be shuffled. The evaluations' scatter (0.003-0.006) understates an accuracy's sampling
+    error on 400 samples (0.017)."""
+    accs = [0.870, 0.858, 0.870, 0.860, 0.853, 0.873, 0.858, 0.885, 0.873, 0.868, 0.863, 0.860, 0.858, 0.865, 0.868,
+            0.860, 0.855, 0.855, 0.853, 0.865, 0.863, 0.870, 0.868, 0.865, 0.863, 0.863, 0.865, 0.868, 0.863, 0.865]
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = (x[:, 0] > 0).long()
+
+    def run(values):
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        return _fit_logging(model, opt, x, y, 300, 10, iter(values).__next__, "val_acc")[0]
+
+    assert not [f for f in run(accs).findings if f.code == "val-worsens"]
+    # 0.02 is 1.2 standard errors of an accuracy on 400 samples (its grid, k/400); 12 samples more lost (0.05, 3
+    # standard errors) is a trend, and is said with what was judged
+    lost = accs[:9] + [a - 0.03 for a in accs[9:]]
+    f = finding(run(lost), "val-worsens")
+    assert "from 0.885" in f.message and "to 0.835 (median of the last 3 evaluations, 0.835 at step 300)" in f.message, \
+        f.message
+
+
 def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     # the accuracy of 50 validation samples after each epoch: up to 0.98, then one sample either way (0.02 is 2% of
     # the best, past the old fixed margin); the training loss falls throughout
@@ -4987,6 +5012,54 @@ def test_a_loss_that_rose_again_over_the_second_half_is_not_told_the_rate_may_be
     assert "rose again" in said and "too small" not in said, said
     assert hint([max(0.05, 2.0 * 0.9 ** i) for i in range(320)]) == \
         "converged, or the learning rate is too small"   # a fall that settled at its floor
+
+
+def test_a_plateau_under_weights_grown_several_times_is_not_told_the_rate_may_be_too_small():
+    """A sweep: Adam at lr 0.1 on an MLP levelled off at 0.45 (lr 1e-3 reaches 0.11 on the same data), its weights
+    5.7x beyond a standard initialisation's scale: "converged, or the learning rate is too small" pointed the wrong
+    way. The same flat curve under weights that kept their scale keeps that hint."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    g = torch.Generator().manual_seed(0)
+    values = [max(0.45, 1.4 * 0.95 ** i) + 0.1 * n for i, n in enumerate(torch.rand(800, generator=g).tolist())]
+
+    def hint(growth):
+        result = Result("watch")
+        report._loss_curve(result, list(enumerate(values, 1)), {}, Options(), growth=growth, raw_growth=growth)
+        return finding(result, "loss-plateau").hint
+
+    assert "too high" in hint(5.7) and "grew 5.7×" in hint(5.7) and "too small" not in hint(5.7), hint(5.7)
+    assert hint(1.5) == "converged, or the learning rate is too small"
+
+
+def test_small_updates_of_weights_that_grew_tenfold_are_not_told_the_rate_may_be_too_small():
+    """A sweep: SGD with momentum 0.9 warmed up to lr 1 grew an MLP's weights 13-48x and killed every unit of its
+    last hidden layer; from then on every gradient is 0 and so is every update. update-ratio-low said "the learning
+    rate may be too small for this layer" beside dead-units' "lower the learning rate"."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    w_true, x = torch.randn(20, 4, generator=g), torch.randn(4096, 20, generator=g)
+    y = (x @ w_true + 0.5 * torch.randn(4096, 4, generator=g)).argmax(1)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    start = [p.detach().norm().item() for p in model.parameters()]
+    order = torch.cat([torch.randperm(4096, generator=torch.Generator().manual_seed(e)) for e in range(8)])
+    with Watch(model, opt, every=50) as w:
+        for step in range(500):
+            i = order[64 * step:64 * (step + 1)]
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    # the premise: every gradient but the output bias's (class frequencies) is 0 at the end, the weights grew tenfold
+    assert all(not p.grad.any() for p in list(model.parameters())[:-1])
+    assert model[4].weight.norm().item() > 10 * max(start[4], 2.0)
+    low = [f for f in w.result().findings if f.code == "update-ratio-low"]
+    assert low and all("too small" not in f.hint and "lower the learning rate" in f.hint for f in low), \
+        [(f.where, f.hint) for f in low]
 
 
 def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():

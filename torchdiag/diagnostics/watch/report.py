@@ -44,6 +44,7 @@ SPREAD_K = 5.0         # a loss spike is this many robust standard deviations ab
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
+GRID_N, GRID_TOL = 5000, 1e-4   # an accuracy's count of samples read from its values (k/n), and how near k each is
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 STEPPED_GAP = 4        # ... and the most steps between its changes of a scheduler that counts batches
 ONE_BATCH = 1e-3       # ... under this spread of the log-loss from step to step, every step saw the same batch
@@ -56,6 +57,8 @@ REACH_TURNS = 4        # changes between sets of parameters steps' gradients rea
 REACH_MIN = 10         # ... between sets of this many steps at least (a rarer set's steps join the nearest group)
 REACH_LEVELS = 2.0     # ... whose losses' medians differ by this factor at least (_reach_groups)
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
+SANE_RATIO = 1e-3      # about what a healthy step moves a weight matrix by, as a share of its norm
+GREW = 3.0             # weights grown this many times beyond a standard init's scale: not a rate too small
 
 
 def window(n: int) -> int:
@@ -1477,7 +1480,8 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             rose = _fell(values[-w:], values[h - w:h])   # the end's window above the half's, beyond their noise
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0], classes, rose))
+                       f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0], classes, rose,
+                                                                growth))
 
 
 CHANCE = (0.9, 1.1)   # a cross-entropy between these shares of ln C: about what knowing nothing of the inputs scores
@@ -1504,12 +1508,16 @@ def _at_chance(classes: int, level: float) -> str:
             "or a learning rate too small to learn; ")
 
 
-def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0, rose: bool = False) -> str:
+def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0, rose: bool = False,
+                  floored: float | None = None) -> str:
     """A flat loss with weights grown BLOWN_GROWTH-fold that ended above half its first step's loss (the weights as
     they came: it learned little) is not a rate too small: HF Trainer's AdamW at 100x the rate (a BERT's loss 0.69 ->
     5.4 -> ~0.9, the weights 10.8x, the rate decayed to ~0 by the end) was told "converged, or the learning rate is
     too small". One that fell far is converged, however its weights grew from a tiny init (a review: 13 -> 0.087 at
-    the noise floor, the weights 464x). `rose`: the last window's losses above the second half's first window's
+    the noise floor, the weights 464x). `floored`: the weights' growth beyond a standard initialisation's scale (a
+    tiny init growing to a normal scale does not count); GREW-fold and more, a rate too small is not what the weights
+    say (a sweep: Adam at lr 0.1 on an MLP, the weights 7x, a plateau at 0.45 where lr 1e-3 reaches 0.11, was told the
+    rate may be too small). `rose`: the last window's losses above the second half's first window's
     beyond their noise: not converged, and a rate too small does not lift a loss (a sweep: Adam at lr 1 on an MLP,
     87 -> 0 by mid-run, then back up to 0.24 between spikes of several hundred, was told the rate may be too small)."""
     if growth is not None and growth >= BLOWN_GROWTH and first > 0 and end > 0.5 * first:
@@ -1519,7 +1527,11 @@ def _plateau_hint(growth: float | None, end: float, first: float, classes: int =
         return ("it rose again over the second half, so it has not converged: updates too large to settle at a minimum "
                 "(a learning rate too high: lower it or decay it), or an objective that changes over the run (an "
                 "annealed term, a curriculum)")
-    return _at_chance(classes, end).rstrip("; ") or "converged, or the learning rate is too small"
+    chance = _at_chance(classes, end).rstrip("; ")
+    if not chance and floored is not None and floored >= GREW:
+        return (f"converged, or held up by a learning rate too high: the weights' norm grew {floored:.3g}× over the "
+                "run (beyond a standard initialisation's scale); try it 10× lower and compare")
+    return chance or "converged, or the learning rate is too small"
 
 
 def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
@@ -1829,13 +1841,17 @@ def _validation(result: Result, engine, pairs) -> None:
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
         # a training loss held at exactly 0 counts as falling: a loss against the model's own argmax is 0 from its
         # first steps while the validation loss climbs (a sweep's run passed)
-        if (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None
+        if (best <= len(vals) - 3 and _sustained(vals, best, up, name) and t0 is not None and t1 is not None
                 and (t1 < t0 or t0 == t1 == 0)):
             fell = "was exactly 0" if t0 == t1 == 0 else f"fell from {t0:.4g} to {t1:.4g}" + (" (exactly 0)" if t1 == 0 else "")
-            worse.append((name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) to {last:.4g} "
-                                f"(step {vals[-1][0]}) while the training loss (running median) {fell}", t1,
+            tail = [v for _, v in vals[best + 1:][-VAL_TAIL:]]   # what _sustained judged, not the last alone
+            to = f"{last:.4g} (step {vals[-1][0]})" if len(tail) == 1 else (
+                f"{statistics.median(tail):.4g} (median of the last {len(tail)} evaluations, {last:.4g} at step "
+                f"{vals[-1][0]})")
+            worse.append((name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) to {to} while the "
+                                f"training loss (running median) {fell}", t1,
                           not _improved_first(vals, best, up)))
-        elif (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None and t0 > 0
+        elif (best <= len(vals) - 3 and _sustained(vals, best, up, name) and t0 is not None and t1 is not None and t0 > 0
               and t1 > 1.5 * t0 and not any(f.code == "loss-diverged" for f in result.findings)):
             # both worse together: the run diverged, which the training loss alone did not show as far as its own
             # rule asks (a sweep: SGD at 10x the rate, 1.26 -> 2.38, back at chance, and the validation loss with it)
@@ -1915,7 +1931,7 @@ def _improved_first(vals, best: int, up: bool) -> bool:
     return gain > max(0.02 * abs(v[0]), 2 * _val_noise(v))
 
 
-def _sustained(vals, best: int, up: bool) -> bool:
+def _sustained(vals, best: int, up: bool, name: str = "") -> bool:
     """The evaluations after the best (the last VAL_TAIL of them) are all worse than it, and their median by more
     than 2% of it and by more than the metric's own noise allows: the best of n noisy evaluations lies about
     sqrt(2 ln n) noise scales beyond their level by chance, and VAL_NOISE_K more is asked. The noise scale is the
@@ -1925,7 +1941,23 @@ def _sustained(vals, best: int, up: bool) -> bool:
     worse = [(v[best] - x) if up else (x - v[best]) for x in v[best + 1:][-VAL_TAIL:]]
     noise = _val_noise(v)
     need = max(0.02 * max(abs(v[best]), 1e-12), noise * (VAL_NOISE_K + math.sqrt(2 * math.log(len(v)))))
+    need = max(need, 2 * _counted_se(name, v[best], v))
     return min(worse) > 0 and statistics.median(worse) > need
+
+
+ACCURACY = re.compile(r"(?<![a-z])acc(?!ess)|top\d", re.I)
+
+
+def _counted_se(name: str, p: float, values: list[float]) -> float:
+    """The sampling error of an accuracy counted on n samples, sqrt(p(1-p)/n), where the name says accuracy and every
+    value is k/n for one n (its grid, read from the values: the smallest n up to GRID_N that fits all); else 0. The
+    evaluations' scatter about each other understates it: one validation set, a model that changes a little between
+    evaluations (a sweep: val_acc on 400 samples, one evaluation at 0.885 among ~0.865, scatter 0.003-0.006 against
+    this 0.017, while a 28k-sample test set improved throughout, was "worse")."""
+    if not ACCURACY.search(name) or not 0 <= p <= 1 or any(not 0 <= x <= 1 for x in values) or len(values) < 4:
+        return 0.0
+    n = next((n for n in range(2, GRID_N + 1) if all(abs(x * n - round(x * n)) < GRID_TOL for x in values)), None)
+    return math.sqrt(p * (1 - p) / n) if n else 0.0
 
 
 def _tiny_at_start(track, i: int, p) -> bool:
@@ -1974,11 +2006,30 @@ def _layers(result: Result, engine) -> None:
                            f"norm per step (median of {len(later)} read steps; sane: about 1e-3)", _high_ratio_hint(t, p, ratio))
             elif ratio is not None and p.dim() >= 2 and len(later) >= 2 and 0 < ratio < RATIO_LOW:
                 result.add("update-ratio-low", "info", t.names[i], f"updates of {t.names[i]} are only {ratio:.2g} of its "
-                           "norm per step", "the learning rate may be too small for this layer")
+                           "norm per step", _low_ratio_hint(t, i, p, later))
     result.tables.append(Table("layers", "Parameters", [
         Column("name", "parameter"), Column("shape", "shape"), Column("update_ratio", "update/weight", "float"),
         Column("weight_norm", "‖w‖", "float"), Column("max_grad_norm", "max ‖grad‖", "float"), Column("got_grad", "grad"), Column("changed", "changed")],
         rows, limit=30, tb_scalars=("update_ratio",)))
+
+
+def _low_ratio_hint(t, i: int, p, ratios: list[float]) -> str:
+    """Updates that were of a sane size (SANE_RATIO) at some read, or a weight that grew BLOWN_GROWTH-fold over the run
+    (from its start, or a standard initialisation's scale where it started below): the rate moved it, and its small
+    late updates come from a gradient that vanished, not a rate too small (a sweep: SGD warmed up to lr 1, ratios
+    0.04-0.1 by step 100, the weights 11-55x, every unit dead and every update 0 from step 300, was told the rate
+    may be too small)."""
+    if ratios and max(ratios) >= SANE_RATIO:
+        return (f"its updates were {max(ratios):.2g} of its norm at a read before: the rate moves it, its gradient "
+                "faded since (dead or saturated units, often after updates too large: lower the learning rate)")
+    a = t.start_norm[i] if t.start_norm else None
+    b = t.weight_norm[i] if t.weight_norm else None
+    if a is not None and b is not None and math.isfinite(a) and math.isfinite(b):
+        grew = b / max(a, math.sqrt(max(1, p.shape[0])))
+        if grew >= BLOWN_GROWTH:
+            return (f"its norm grew {grew:.3g}× over the run: the updates were large before they got small, so its "
+                    "gradient faded (dead or saturated units after updates too large): lower the learning rate")
+    return "the learning rate may be too small for this layer"
 
 
 def _high_ratio_hint(t, p, ratio: float) -> str:
