@@ -115,6 +115,8 @@ def test_cli_writes_valid_png_and_tensorboard(cli, image, tmp_path):
     assert text["Title"] == f"gradcam · layer features.3 · class {k}"
     assert (text["Command"], text["Model"], text["Layer"], text["Class index"]) == ("gradcam", REGION, "features.3", str(k))
     assert f"logit {doc['score']:.4g}, p={doc['probability']:.3f}" in text["Description"]
+    # the bare size (a sweep: the header's whole note went in, cut in the middle by the subtitle's room)
+    assert f"image {doc['image_size'].split(' (')[0]}, drawn ×6" in text["Description"], text["Description"]
     assert (arr[:TITLE].min(axis=2) < 100).sum() > 200                     # the title is drawn, not only stored
     src = np.asarray(Image.open(image))
     top, left = TITLE + NAMES, MARGIN
@@ -565,6 +567,30 @@ def test_a_model_taking_more_than_the_image_gets_its_other_inputs(cli, tmp_path,
         logits = model(x, torch.arange(4)[:1])
     assert r.json["target_class"] == int(logits.argmax()) and r.json["score"] == pytest.approx(float(logits.max()),
                                                                                                 rel=1e-5)
+
+
+VIDEO = """
+import torch
+from torch import nn
+
+
+def build():
+    return nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(4, 5))
+
+
+def example_inputs():
+    return (torch.randn(2, 3, 4, 16, 16),)
+"""
+
+
+def test_a_model_of_clips_is_refused_as_usage(cli, tmp_path, image):
+    """A sweep: torchvision's r3d_18 took the image file as a 4-D tensor that its Conv3d read as an unbatched clip of
+    one channel: exit 3 (the model's own code), with a hint to set --size or --channels, neither of which helps."""
+    path = tmp_path / "video.py"
+    path.write_text(VIDEO)
+    r = cli("gradcam", f"{path}:build", "--layer", "0", "--image", image, "--device", "cpu")
+    assert r.code == 2 and "still image" in r.stderr and "2x3x4x16x16" in r.stderr, r.stderr
+    one_error_line(r)
 
 
 def test_two_image_like_inputs_are_refused_not_guessed(cli, tmp_path, image):

@@ -537,6 +537,26 @@ def test_a_list_of_images_is_that_many_samples_where_its_maker_says_so():
     assert ModelInputs((torch.rand(5, 3, 8, 8),), {}).batch_size == 5
 
 
+def test_torchdiags_own_list_of_images_is_credited_to_its_source_not_to_example_inputs():
+    """A sweep: a torchvision detection model's header and JSON said `inputs (example_inputs())`, a function the user
+    never wrote; the source (the zoo's default, and why) is said as for every other zoo model."""
+    from types import SimpleNamespace
+
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.sources import _one_image
+
+    why = "torchvision:x default (a list of one 3x320x320 image)"
+    loaded = SimpleNamespace(model=nn.Identity(), module=SimpleNamespace(example_inputs=_one_image), input_source=why,
+                             default_inputs=())
+    assert resolve_inputs(None, loaded, torch.device("cpu")).source == why
+
+    def example_inputs():   # the user's own keeps its name
+        return (torch.rand(2, 3),)
+
+    loaded.module = SimpleNamespace(example_inputs=example_inputs)
+    assert resolve_inputs(None, loaded, torch.device("cpu")).source == "example_inputs()"
+
+
 class TablePerColumn(torch.nn.Module):
     """A tabular model: one embedding per categorical column, of different sizes (a sweep: the ids took the first
     table's range, 11, and the third, of 3 rows, refused them)."""

@@ -1212,8 +1212,9 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywo
 
         value = user_call(seed, fn, "example_inputs()")
         args, kwargs = _normalise(value, "example_inputs()")
-        return ModelInputs(args, kwargs, "example_inputs()", chosen=getattr(fn, "chosen", False) is True,
-                           samples=getattr(fn, "samples", None)).to(device)
+        chosen = getattr(fn, "chosen", False) is True   # torchdiag's own default (a detection model's images)
+        label = (getattr(loaded, "input_source", None) or "example_inputs()") if chosen else "example_inputs()"
+        return ModelInputs(args, kwargs, label, chosen=chosen, samples=getattr(fn, "samples", None)).to(device)
     if getattr(loaded, "default_inputs", ()):
         return source_inputs(loaded, device, seed, dtype)
     value = getattr(loaded.model, "example_input_array", None)

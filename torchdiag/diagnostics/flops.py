@@ -453,6 +453,7 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
     tracker = ModuleTracker(model, record_shapes=False)
     grad = opts.backward
     loss_rule = ctx.loss() if grad else None
+    inputs.keep()   # the copy a forward that writes into its input is re-run from: torchdiag's ops, not the model's
     with leave_no_trace(model):
         model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
         torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters

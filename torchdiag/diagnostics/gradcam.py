@@ -300,6 +300,22 @@ def built_for(given, channels: int) -> tuple[int, int] | None:
     return (shape[2], shape[3]) if shape[1] == channels else (shape[1], shape[2])
 
 
+def _still_image_model(given, channels: int) -> None:
+    """Refuse a model whose own inputs hold no still image but a clip (N x C x T x H x W: a video classifier, a 3-D
+    scan): the image file would go in as a 4-D tensor its Conv3d reads as an unbatched clip of one channel (a sweep:
+    torchvision's r3d_18, exit 3 blaming the model, with a hint no option could follow)."""
+    import torch
+
+    if given is None:
+        return
+    tensors = [t for t in [*given.args, *given.kwargs.values()] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    clips = [t for t in tensors if t.dim() >= 5]
+    if clips and not any(_image_like(t, channels) for t in tensors):
+        shape = "x".join(str(n) for n in clips[0].shape)
+        raise UsageError(f"gradcam maps a still image (N x C x H x W); {given.source} gives this model {shape} (a clip "
+                         "or a volume)", hint="run it on an image model, or on a 2-D backbone of this one")
+
+
 def _image_like(t, channels: int) -> bool:
     import torch
 
@@ -339,6 +355,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     module_named(model, opts.layer)
     c, mean, std = opts.channels, opts.mean, opts.std
     own = _own_inputs(model, ctx)
+    _still_image_model(own, c)
     size = opts.size or built_for(own, c)
     pixels = load_rgb(opts.image, size, c)
     x = image_tensor(pixels, mean, std, ctx.device)

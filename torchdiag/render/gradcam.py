@@ -27,7 +27,7 @@ def figure(result, original, heat_rgb, blended):
     title = f"gradcam · layer {layer} · {class_text(d)}"
     chosen = "top class" if d.get("target_chosen") == "argmax" else "class asked for"
     subtitle = (f"{im.model_name(result)} · {chosen}, logit {d['score']:.4g}, p={d['probability']:.3f} · "
-                f"image {result.header.get('image_size', '')} ×{d['picture_scale']}")
+                f"image {str(result.header.get('image_size', '')).split(' (')[0]}, drawn ×{d['picture_scale']}")
     panels = im.hstack([original, heat_rgb, blended], pad=PANEL_GAP)
     names = [*PANELS[:2], f"{PANELS[2]} (alpha {result.artefacts['alpha']:g})"]
     texts = [(i * (w + PANEL_GAP), -3, name, {"fontsize": 8, "va": "bottom", "ha": "left", "color": "#111111"})
