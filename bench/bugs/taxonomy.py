@@ -29,6 +29,7 @@ CODES: dict[str, tuple[str, ...]] = {
     "saturated": ("act",),                      # gradflow's name for saturated tanh/sigmoid outputs
     "vanishing-grad": ("act", "init"), "identical-outputs": ("act",),
     "bounded-output": ("act", "loss"),          # a final sigmoid/softmax that the loss cannot work with
+    "made-target-nonnegative": ("act",),        # cross-entropy over an output >= 0: an activation after the last layer
     "loss-ignores-parameters": ("act", "loss"),  # every gradient exactly 0: a constant output or a loss on the wrong tensor
     "zero-grad": ("act", "init"),               # a parameter whose gradient is exactly zero
     "flat-loss": ("lr", "act"),                 # no step size moves the loss: too small or nothing flows

@@ -31,6 +31,7 @@ from .ambiguity import first_groups
 from .causes import (
     accuracy_counts,
     constant_loss,
+    nonneg_logits,
     output_box,
     same_across_samples,
     sample_tensor,
@@ -61,6 +62,7 @@ class Curve:
     first_same: bool | None = None
     differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
     first_box: tuple | None = None
+    first_nonneg: bool = False              # cross-entropy over an output >= 0 at step 0 (causes.nonneg_logits)
     first_bounds: tuple | None = None       # made-up mse: the output's (lowest, highest) value at step 0
     first_answers: object = None            # cross-entropy: ambiguity.FirstGroups of step 0 (grouped when asked)
     constant: float | None = None           # made-up mse: the loss of answering every sample with the target's mean
@@ -394,6 +396,7 @@ class Trainer:
             c.first_same = same_across_samples(sample_tensor(out, self.batch.batch_size))[0]
             c.differed = not c.first_same
             c.first_box = output_box(out, self.loss_fn)
+            c.first_nonneg = nonneg_logits(out, self.loss_fn)
             c.first_bounds = start_bounds(out, self.loss_fn)
             c.constant = constant_loss(out, self.loss_fn)
             c.first_answers = first_groups(out, self.loss_fn, self.batch)   # (detached values: no graph)

@@ -56,7 +56,7 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None, 
         result.findings = [f for f in result.findings if f.code != "loss-rose"]   # lr-too-large says it
     else:
         _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range,
-                 causes.term_floors, held, causes.batch_floor)
+                 causes.term_floors, held, causes.batch_floor, causes.nonneg)
     return result
 
 
@@ -511,10 +511,12 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
 
 def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False,
              out_of_range: dict | None = None, term_floors: list | None = None, held=None,
-             batch_floor=None) -> None:
+             batch_floor=None, nonneg: bool = False) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
+    if not d["passed"] and not found and nonneg and _features_not_logits(result, curve, opts, ctx):
+        return
     if not d["passed"] and not found and curve.nonfinite_at is None and (
             _within_range(result, curve, opts, out_of_range) or _at_batch_floor(result, curve, opts, batch_floor)):
         return
@@ -748,6 +750,37 @@ def _at_batch_floor(result, curve, opts, floor_of) -> bool:
                hint="a batch of distinct inputs (or contexts) judges it without this floor")
     result.verdict = (f"PASS: the batch is memorised as far as it allows: loss {_fmt(d['initial_loss'])} → "
                       f"{_fmt(final)}, its floor {_fmt(floor)}")
+    return True
+
+
+NONNEG_FALL = 0.1   # of its start: how far a cross-entropy over an output >= 0 must fall, every sample right, to be
+                   # told the made-up classes are what holds it up
+
+
+def _features_not_logits(result, curve, opts, ctx) -> bool:
+    """Cross-entropy against torchdiag's random classes over an output >= 0 at the start and the end (causes.
+    nonneg_logits: pooled ReLU features, a backbone built headless): every sample's answer right and the loss at
+    NONNEG_FALL of its start or below is a model that learns, slowed by an output that can only raise the target's
+    value (a warning, INCONCLUSIVE). Short of that, a note beside the verdict."""
+    d = result.data
+    initial, final, acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
+    said = ("every output value is ≥ 0, at the start and the end (features after a ReLU or a pooling of them, not "
+            "logits: a backbone without its head, or an activation after a classifier's last layer): cross-entropy "
+            "against the classes torchdiag drew can only raise the target's value, never push the others below 0, so "
+            "the loss falls slowly")
+    if opts.target_loss is not None or initial is None or final is None or not 0 < initial or not math.isfinite(final):
+        return False
+    if acc != 1.0 or final > NONNEG_FALL * initial:
+        result.notes.append(f"{said} (judge it against its real targets: --batch, or a --loss PATH:fn)")
+        return False
+    result.add("made-target-nonnegative", "warning", "", f"{said}. Every sample's answer is right and the loss is "
+               f"{final / initial:.3g} × its start ({_fmt(initial)} → {_fmt(final)}): the model learns; whether it "
+               "memorises a batch is not told by this target",
+               hint="if these are its logits, drop the activation after the last layer (cross-entropy applies "
+                    "log-softmax to raw logits itself); if features, judge it with a head, or against its real targets: "
+                    f"{ctx.option('batch')} with them, or a {ctx.option('loss')} PATH:fn of your own")
+    result.verdict = (f"INCONCLUSIVE: cross-entropy over an output ≥ 0 (features, not logits); every answer right, loss "
+                      f"{_fmt(initial)} → {_fmt(final)} in {curve.step} step(s)")
     return True
 
 
