@@ -119,10 +119,13 @@ def _stages(st: State) -> None:
     from . import scan as S
 
     opts, ctx = st.opts, st.ctx
-    loader = loader_for(st.train, opts.batch_size, ctx.seed)
     if st.train.kind == "iterable" and iter(st.train.obj) is st.train.obj:
-        st.skipped.append("a one-shot iterator (a generator): the content pass goes on where the loader timing "
-                          "stopped; return a re-iterable object (a Dataset, a DataLoader) to read it from the start")
+        if opts.speed:
+            st.skipped.append("a one-shot iterator (a generator): the content pass goes on where the loader timing "
+                              "stopped; return a re-iterable object (a Dataset, a DataLoader) to read it from the start")
+        else:   # the one batch the probe reads for the fields goes back to the content pass (a sweep: 29 of 30 read)
+            st.train.obj = _GivenBack(st.train.obj)
+    loader = loader_for(st.train, opts.batch_size, ctx.seed)
     st.phase = "the first batches of the loader as configured"
     try:
         st.probe = speed.Timing(getattr(loader, "num_workers", None), bool(getattr(loader, "pin_memory", False)))
@@ -189,6 +192,27 @@ def _unstandardised_input(st: State) -> bool:
                for s in st.scans.values() for f in s.fields.values())
 
 
+class _GivenBack:
+    """A one-shot iterator whose items read before `give_back()` are handed out again, first, after it."""
+
+    def __init__(self, it):
+        self._it, self._read, self._again = it, [], []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._again:
+            return self._again.pop(0)
+        item = next(self._it)
+        if self._read is not None:
+            self._read.append(item)
+        return item
+
+    def give_back(self) -> None:
+        self._again, self._read = self._read or [], None
+
+
 def _probe(st: State, loader):
     """The loader as configured: first batch (hang check), batches/s, labels in the order given."""
     from ...core import batches as B
@@ -211,6 +235,8 @@ def _probe(st: State, loader):
 
     speed.time_loader(loader, opts, dataset=st.train.dataset, look=remember, label="the training loader",
                       timing=st.probe, limit=opts.batches if opts.speed else 0)
+    if isinstance(st.train.obj, _GivenBack):
+        st.train.obj.give_back()
     roles = roles_box.get("roles")
     if roles is None:
         from ...errors import UsageError
