@@ -583,6 +583,20 @@ def example_inputs():
 """
 
 
+FRAMES = """
+class Frames(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 5)
+
+    def forward(self, x):
+        if x.dim() == 5:   # N x C x T x H x W: the frames folded into the batch, their scores averaged
+            n, c, t, h, w = x.shape
+            return self.forward(x.transpose(1, 2).reshape(n * t, c, h, w)).view(n, t, -1).mean(1)
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+"""
+
+
 def test_a_model_of_clips_is_refused_as_usage(cli, tmp_path, image):
     """A sweep: torchvision's r3d_18 took the image file as a 4-D tensor that its Conv3d read as an unbatched clip of
     one channel: exit 3 (the model's own code), with a hint to set --size or --channels, neither of which helps."""
@@ -591,6 +605,10 @@ def test_a_model_of_clips_is_refused_as_usage(cli, tmp_path, image):
     r = cli("gradcam", f"{path}:build", "--layer", "0", "--image", image, "--device", "cpu")
     assert r.code == 2 and "still image" in r.stderr and "2x3x4x16x16" in r.stderr, r.stderr
     one_error_line(r)
+    # a frame-wise video model (a 2-D CNN on each frame, scores averaged) takes a still image too: mapped (a review)
+    path.write_text(VIDEO.replace("def build():", FRAMES + "\n\ndef build():\n    return Frames()\n\n\ndef unused():"))
+    r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--device", "cpu", "--json")
+    assert r.code == 0 and r.json["heatmap_max"] == pytest.approx(1.0), r.stderr
 
 
 def test_two_image_like_inputs_are_refused_not_guessed(cli, tmp_path, image):

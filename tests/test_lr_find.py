@@ -161,6 +161,30 @@ def test_transformer_lm_lets_the_checked_runs_decide():
     assert "lr-unstable" in codes(r) and r.verdict.startswith("RECOMMENDED") and r.exit_code == 0
 
 
+def test_a_range_whose_first_update_blows_the_loss_up_says_so_and_not_raise_max_lr():
+    """A sweep: --min-lr 1 --max-lr 10 on an MLP, Adam's first update took the loss 2.3 -> ~6000 and the rest fell
+    back toward it: both repeats read "ok", a suggestion of 3.1 and "raise --max-lr", where every rate tried blows up
+    (truth: the same first update in plain torch)."""
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 16, generator=g), torch.randint(0, 10, (64,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    copy_ = copy.deepcopy(model)
+    opt = torch.optim.Adam(copy_.parameters(), lr=1.0)
+    before = F.cross_entropy(copy_(x), y)
+    before.backward()
+    opt.step()
+    after = F.cross_entropy(copy_(x), y).item()
+    assert after > 4 * before.item()   # the premise: the first update at min_lr blows the loss up
+    r = lr_find(model, ModelInputs((x,)), min_lr=1.0, max_lr=10.0, steps=40, repeats=2, loss="cross_entropy",
+                target=y)
+    assert r.exit_code == 1 and "no-rate-trains" in codes(r) and "range-too-narrow" not in codes(r), codes(r)
+    f = next(f for f in r.findings if f.code == "no-rate-trains")
+    assert f"start {before.item():.3g}" in f.message and "(lower min_lr)" in f.hint, (f.message, f.hint)
+
+
 # --- curves with no right answer -----------------------------------------------------------------------
 
 def test_model_that_climbs_at_every_rate_is_an_error(untouched):
@@ -250,6 +274,9 @@ def test_early_stop_on_the_debiased_average():
     assert stop.update(10.0) == "diverged"                            # (1.4375 + 5) / 0.9375 = 6.87 > 4
     assert stop.smoothed[-1] == pytest.approx(6.4375 / 0.9375)
     assert rules.EarlyStop(4.0).update(float("nan")) == "non-finite"
+    # the loss before the first update counts: a first update that blows it up 4x is a divergence at once
+    assert rules.EarlyStop(4.0).update(6255.0) is None and rules.EarlyStop(4.0, start=2.3).update(6255.0) == "diverged"
+    assert rules.EarlyStop(4.0, start=2.3).update(2.2) is None
     assert rules.exceeds(-0.5, -2.0, 4.0) is False and rules.exceeds(5.0, -2.0, 4.0) is True
 
 

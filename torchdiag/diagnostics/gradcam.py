@@ -300,10 +300,11 @@ def built_for(given, channels: int) -> tuple[int, int] | None:
     return (shape[2], shape[3]) if shape[1] == channels else (shape[1], shape[2])
 
 
-def _still_image_model(given, channels: int) -> None:
-    """Refuse a model whose own inputs hold no still image but a clip (N x C x T x H x W: a video classifier, a 3-D
-    scan): the image file would go in as a 4-D tensor its Conv3d reads as an unbatched clip of one channel (a sweep:
-    torchvision's r3d_18, exit 3 blaming the model, with a hint no option could follow)."""
+def _still_image_model(given, channels: int, exc: Exception) -> None:
+    """After the image's forward failed (`exc`): a model whose own inputs hold no still image but a clip (N x C x T x
+    H x W: a video classifier, a 3-D scan) is refused as usage. Its Conv3d read the 4-D image as an unbatched clip of
+    one channel (a sweep: torchvision's r3d_18, exit 3 blaming the model, with a hint no option could follow). Tried
+    first: a frame-wise video model takes a still image too (a review: a 2-D CNN averaged over frames)."""
     import torch
 
     if given is None:
@@ -312,8 +313,9 @@ def _still_image_model(given, channels: int) -> None:
     clips = [t for t in tensors if t.dim() >= 5]
     if clips and not any(_image_like(t, channels) for t in tensors):
         shape = "x".join(str(n) for n in clips[0].shape)
-        raise UsageError(f"gradcam maps a still image (N x C x H x W); {given.source} gives this model {shape} (a clip "
-                         "or a volume)", hint="run it on an image model, or on a 2-D backbone of this one")
+        raise UsageError(f"gradcam maps a still image (N x C x H x W), and this model refused one ({str(exc).splitlines()[0] if str(exc) else one_line(exc)}); "
+                         f"{given.source} gives it {shape} (a clip or a volume)",
+                         hint="run it on an image model, or on a 2-D backbone of this one") from exc
 
 
 def _image_like(t, channels: int) -> bool:
@@ -355,7 +357,6 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     module_named(model, opts.layer)
     c, mean, std = opts.channels, opts.mean, opts.std
     own = _own_inputs(model, ctx)
-    _still_image_model(own, c)
     size = opts.size or built_for(own, c)
     pixels = load_rgb(opts.image, size, c)
     x = image_tensor(pixels, mean, std, ctx.device)
@@ -376,7 +377,11 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         model.eval()
         info: dict = {}
         with ctx.autocast():   # --amp: the forward as it trains
-            cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
+            try:
+                cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
+            except ModelError as exc:
+                _still_image_model(own, c, exc)   # a model of clips refused the image: usage, said as such
+                raise
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(widened(logits[0]), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))

@@ -85,7 +85,7 @@ class Runner:
             rep.initial = _read(value)
             if self._agreed([not math.isfinite(rep.initial), False, False])[0]:
                 rep.stopped = "non-finite"
-            stop = EarlyStop(opts.diverge)
+            stop = EarlyStop(opts.diverge, start=rep.initial)
             for k, lr in enumerate(schedule(opts.min_lr, opts.max_lr, opts.steps)):
                 if rep.stopped:
                     break

@@ -193,8 +193,12 @@ def _curve_findings(result, runner, analyses, s, opts, ctx) -> None:
                        f"({', '.join(why)}) at lr {span(min(early), max(early))}: above that the loss blows up")
     if s.status == "rises":
         up = [a for a in analyses if a.status == "rises"]
+        # the raw losses: a repeat stopped at its first update has a smoothed start halfway to its blow-up
+        rep = next((r for r, a in zip(reps, analyses) if a.status == "rises"), None)
+        start, low = ((rep.initial, min(rep.losses, default=rep.initial)) if rep is not None and len(reps) == len(analyses)
+                      else (up[0].start, min(up[0].smooth, default=up[0].start)))
         result.add("no-rate-trains", "error", "", f"no rate in {g(opts.min_lr)}–{g(opts.max_lr)} reduced the loss "
-                   f"(start {g(up[0].start)}, lowest {g(min(up[0].smooth, default=up[0].start))}); it rose or diverged "
+                   f"(start {g(start)}, lowest after an update {g(low)}); it rose or diverged "
                    f"in {len(up)} of {len(analyses)} repeat(s)",
                    hint="the gradient does not lead down: check the loss's sign, a custom backward, or that the "
                         f"rates tried are not all too high (lower {lo})")

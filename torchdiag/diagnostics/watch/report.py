@@ -44,7 +44,8 @@ SPREAD_K = 5.0         # a loss spike is this many robust standard deviations ab
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
-GRID_N, GRID_TOL = 5000, 1e-4   # an accuracy's count of samples read from its values (k/n), and how near k each is
+GRID_N, GRID_TOL = 5000, 1e-4   # an accuracy's count of samples read from its values (k/n), and how near k each is,
+GRID_MIN = 8                    # from this many values at least (fewer round values fit a small grid by chance)
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 STEPPED_GAP = 4        # ... and the most steps between its changes of a scheduler that counts batches
 ONE_BATCH = 1e-3       # ... under this spread of the log-loss from step to step, every step saw the same batch
@@ -58,7 +59,9 @@ REACH_MIN = 10         # ... between sets of this many steps at least (a rarer s
 REACH_LEVELS = 2.0     # ... whose losses' medians differ by this factor at least (_reach_groups)
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 SANE_RATIO = 1e-3      # about what a healthy step moves a weight matrix by, as a share of its norm
-GREW = 3.0             # weights grown this many times beyond a standard init's scale: not a rate too small
+RATE_FELL = 100.0      # the learning rate fell this many times: what made the updates small, whatever the gradient
+GREW = 3.0             # weights grown this many times beyond a standard init's scale: not a rate too small ...
+UPDATING = 3e-3        # ... where the updates still move them by this share of their norm a step (3x a healthy one)
 
 
 def window(n: int) -> int:
@@ -1065,7 +1068,7 @@ def _curves(result: Result, engine) -> None:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
-                        engine.small_batches, engine.batch_size, _classes(engine, parts))
+                        engine.small_batches, engine.batch_size, _classes(engine, parts), _moving(engine))
             _lr_collapse(result, part, lr_at, of,
                          lambda first, last: engine.schedulers.each_step(first, last, engine.clock_at(last)))
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
@@ -1390,7 +1393,8 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
                 unscaled: str = "", growth: float | None = None, raw_growth: float | None = None,
-                small: dict | None = None, batch: int | None = None, classes: int = 0) -> None:
+                small: dict | None = None, batch: int | None = None, classes: int = 0,
+                moving: float | None = None) -> None:
     """`growth`: the weights' norm over the run beyond a standard init's scale (_weight_growth floored); `raw_growth`:
     over their first norm; `classes`: the class count of a loss that is a cross-entropy (_classes), else 0."""
     values = [v for _, v in pairs]
@@ -1481,7 +1485,8 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
             rose = _fell(values[-w:], values[h - w:h])   # the end's window above the half's, beyond their noise
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                        f"({seen}){of}", unscaled + _plateau_hint(raw_growth, med[-1], values[0], classes, rose,
-                                                                growth))
+                                                                growth if moving is not None and moving >= UPDATING
+                                                                else None))
 
 
 CHANCE = (0.9, 1.1)   # a cross-entropy between these shares of ln C: about what knowing nothing of the inputs scores
@@ -1508,6 +1513,18 @@ def _at_chance(classes: int, level: float) -> str:
             "or a learning rate too small to learn; ")
 
 
+def _moving(engine) -> float | None:
+    """The median over the weight matrices of their median update/weight ratio at the reads after the first: how
+    much the updates still move the weights (None where none was read)."""
+    per = [statistics.median([v for s, v in samples if s > 1] or [v for _, v in samples])
+           for name, samples in engine.ratios.items() if samples and _matrix(engine, name)]
+    return statistics.median(per) if per else None
+
+
+def _matrix(engine, name: str) -> bool:
+    return any(p.dim() >= 2 for t in engine.tracks.values() for n, p in zip(t.names, t.params) if n == name)
+
+
 def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0, rose: bool = False,
                   floored: float | None = None) -> str:
     """A flat loss with weights grown BLOWN_GROWTH-fold that ended above half its first step's loss (the weights as
@@ -1515,9 +1532,11 @@ def _plateau_hint(growth: float | None, end: float, first: float, classes: int =
     5.4 -> ~0.9, the weights 10.8x, the rate decayed to ~0 by the end) was told "converged, or the learning rate is
     too small". One that fell far is converged, however its weights grew from a tiny init (a review: 13 -> 0.087 at
     the noise floor, the weights 464x). `floored`: the weights' growth beyond a standard initialisation's scale (a
-    tiny init growing to a normal scale does not count); GREW-fold and more, a rate too small is not what the weights
-    say (a sweep: Adam at lr 0.1 on an MLP, the weights 7x, a plateau at 0.45 where lr 1e-3 reaches 0.11, was told the
-    rate may be too small). `rose`: the last window's losses above the second half's first window's
+    tiny init growing to a normal scale does not count), given only where the updates still move the weights by
+    UPDATING a step (a review: full-batch descent on a regression with targets of scale 10 sat at its least-squares
+    optimum, the weights 38x, its updates 0); GREW-fold and more, a rate too small is not what the weights say (a
+    sweep: Adam at lr 0.1 on an MLP, the weights 7x, updates 0.01 of them a step, a plateau at 0.45 where lr 1e-3
+    reaches 0.11, was told the rate may be too small). `rose`: the last window's losses above the second half's first window's
     beyond their noise: not converged, and a rate too small does not lift a loss (a sweep: Adam at lr 1 on an MLP,
     87 -> 0 by mid-run, then back up to 0.24 between spikes of several hundred, was told the rate may be too small)."""
     if growth is not None and growth >= BLOWN_GROWTH and first > 0 and end > 0.5 * first:
@@ -1954,10 +1973,14 @@ def _counted_se(name: str, p: float, values: list[float]) -> float:
     evaluations' scatter about each other understates it: one validation set, a model that changes a little between
     evaluations (a sweep: val_acc on 400 samples, one evaluation at 0.885 among ~0.865, scatter 0.003-0.006 against
     this 0.017, while a 28k-sample test set improved throughout, was "worse")."""
-    if not ACCURACY.search(name) or not 0 <= p <= 1 or any(not 0 <= x <= 1 for x in values) or len(values) < 4:
+    if not ACCURACY.search(name) or not 0 <= p <= 1 or any(not 0 <= x <= 1 for x in values) or len(values) < GRID_MIN:
         return 0.0
     n = next((n for n in range(2, GRID_N + 1) if all(abs(x * n - round(x * n)) < GRID_TOL for x in values)), None)
-    return math.sqrt(p * (1 - p) / n) if n else 0.0
+    # a power of ten is also what rounding to decimal places leaves (a review: 10,000 samples logged as round(acc, 3)
+    # read as 1000, and a real drop of 0.023 was hidden): not told apart, not used
+    if n is None or math.log10(n) == round(math.log10(n)):
+        return 0.0
+    return math.sqrt(p * (1 - p) / n)
 
 
 def _tiny_at_start(track, i: int, p) -> bool:
@@ -1986,6 +2009,7 @@ def _auxiliary(engine, t) -> bool:
 
 def _layers(result: Result, engine) -> None:
     rows, owners = [], _owners(engine)
+    lr_of = dict(zip(result.series["step"], result.series["lr"]))
     for t in engine.tracks.values():
         judged = not _auxiliary(engine, t)
         for i, p in enumerate(t.params):
@@ -2006,19 +2030,28 @@ def _layers(result: Result, engine) -> None:
                            f"norm per step (median of {len(later)} read steps; sane: about 1e-3)", _high_ratio_hint(t, p, ratio))
             elif ratio is not None and p.dim() >= 2 and len(later) >= 2 and 0 < ratio < RATIO_LOW:
                 result.add("update-ratio-low", "info", t.names[i], f"updates of {t.names[i]} are only {ratio:.2g} of its "
-                           "norm per step", _low_ratio_hint(t, i, p, later))
+                           "norm per step", _low_ratio_hint(t, i, p, samples, lr_of))
     result.tables.append(Table("layers", "Parameters", [
         Column("name", "parameter"), Column("shape", "shape"), Column("update_ratio", "update/weight", "float"),
         Column("weight_norm", "‖w‖", "float"), Column("max_grad_norm", "max ‖grad‖", "float"), Column("got_grad", "grad"), Column("changed", "changed")],
         rows, limit=30, tb_scalars=("update_ratio",)))
 
 
-def _low_ratio_hint(t, i: int, p, ratios: list[float]) -> str:
+def _low_ratio_hint(t, i: int, p, samples: list, lr_of: dict) -> str:
     """Updates that were of a sane size (SANE_RATIO) at some read, or a weight that grew BLOWN_GROWTH-fold over the run
     (from its start, or a standard initialisation's scale where it started below): the rate moved it, and its small
     late updates come from a gradient that vanished, not a rate too small (a sweep: SGD warmed up to lr 1, ratios
     0.04-0.1 by step 100, the weights 11-55x, every unit dead and every update 0 from step 300, was told the rate
-    may be too small)."""
+    may be too small). Where the rate itself fell RATE_FELL-fold since that read (a schedule decayed to ~0: a
+    review's MultiStepLR, 0.1 -> 1e-7, the gradient's norm steady), the rate is what shrank them."""
+    ratios = [v for _, v in samples]
+    if samples:
+        top = max(samples, key=lambda sv: sv[1])
+        then, now = lr_of.get(top[0]), lr_of.get(samples[-1][0])
+        if then and now is not None and 0 <= now <= then / RATE_FELL:
+            return (f"the learning rate fell from {then:.3g} (at a read where its updates were {top[1]:.2g} of its "
+                    f"norm) to {now:.3g}: the updates shrank with it; the learning rate may be too small for this layer "
+                    "now")
     if ratios and max(ratios) >= SANE_RATIO:
         return (f"its updates were {max(ratios):.2g} of its norm at a read before: the rate moves it, its gradient "
                 "faded since (dead or saturated units, often after updates too large: lower the learning rate)")
