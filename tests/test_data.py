@@ -77,6 +77,29 @@ def test_a_generators_first_batch_is_counted_when_nothing_is_timed():
     assert [counts[str(k)] for k in range(3)] == truth, counts
 
 
+def test_a_constant_field_beside_inputs_that_vary_is_info_and_a_named_target_leaves_the_rest_as_inputs():
+    """A sweep: an all-ones attention mask beside varying features was "the model sees no information" (a warning);
+    and TensorDataset(x_cat, x_num, y) with the target named [2] had its repeats and constant columns judged on x_cat
+    alone: 475 "duplicates" of 25 categories (truth: no two (x_cat, x_num) rows alike), x_num's constant columns
+    unsaid."""
+    import torchdiag
+
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(96, 5, generator=g)
+    dicts = [{"features": feats[i], "mask": torch.ones(5), "label": i % 3} for i in range(96)]
+    r = torchdiag.data(dicts, speed=False, sweep=False)
+    f = one(r, "constant-input")
+    assert f.severity == "info" and f.where == "train:mask" and "features" in f.message, f
+    x_cat = torch.randint(0, 5, (500, 2), generator=g)
+    x_num = torch.randn(500, 6, generator=g)
+    x_num[:, [1, 4]] = 7.0
+    y = torch.randint(0, 2, (500,), generator=g)
+    assert len({tuple(a.tolist()) + tuple(b.tolist()) for a, b in zip(x_cat, x_num)}) == 500   # the truth
+    r = torchdiag.data(torch.utils.data.TensorDataset(x_cat, x_num, y), target_field="[2]", speed=False, sweep=False)
+    assert "duplicate-samples" not in codes(r), r.findings
+    assert "indices 1, 4" in next(f.message for f in r.findings if f.where == "train:[1]" and f.code == "constant-features")
+
+
 def test_a_list_of_samples_is_a_dataset_and_a_list_of_batches_is_not():
     """[(x, 3), …] is samples (collate would have made 3 a tensor with a batch axis): its int labels are kept."""
     import torchdiag

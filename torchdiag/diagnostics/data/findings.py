@@ -32,13 +32,17 @@ def add_all(r, st) -> None:
             if f.role == "input":
                 only = _only_float_input(s, f)
                 _range(r, f, where, st.scaling if only else None, st.standardising if only else None)
-                _constant(r, f, where)
+                _constant(r, f, where, others=[g.name for g in s.fields.values()
+                                                if g.role == "input" and g is not f and not g.constant])
             elif f.role == "target":
                 _target_scale(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
                 _reach(r, st, f, where)
-        constant = any(f.role == "input" and f.constant for f in s.fields.values())
+        # every input constant: then every sample repeats by definition (one constant field beside others that vary,
+        # an all-ones attention mask, says nothing of repeats)
+        ins = [f for f in s.fields.values() if f.role == "input"]
+        constant = bool(ins) and all(f.constant for f in ins)
         blanks = _blank(r, s, split) if not constant else 0
         if s.hashes.duplicates > blanks and not constant:   # a constant input repeats by definition, a blank too
             a, b = s.hashes.pairs[0]
@@ -291,7 +295,13 @@ def _stream_copies(st, split: str, s) -> tuple[int, float] | None:
     return (workers, share) if workers > 1 and apart and abs(share - (workers - 1) / workers) < 0.1 else None
 
 
-def _constant(r, f, where) -> None:
+def _constant(r, f, where, others: list[str] | None = None) -> None:
+    if f.constant and others:   # beside inputs that vary (a sweep: an all-ones attention mask of fixed-length inputs)
+        r.add("constant-input", "info", where, f"every value of every sample is {_fmt(f.lo)}: this field carries no "
+              f"information of its own; {', '.join(others[:4])} {'vary' if len(others) > 1 else 'varies'}",
+              "expected for a mask over inputs of one length; else check the transform (a wrong channel, a field "
+              "that failed to load)")
+        return
     if f.constant:
         r.add("constant-input", "warning", where, f"every value of every sample is {_fmt(f.lo)}: the model sees no "
               "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
