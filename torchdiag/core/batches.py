@@ -99,7 +99,7 @@ def find_roles(batch, input_field: str | None = None, target_field: str | None =
     elif target_field is not None and kind == "tuple":
         # the target named: every other field is what goes in (a sweep: TensorDataset(x_cat, x_num, y) with the
         # target [2] had its duplicates and constant columns judged on x_cat alone: 475 "repeats" of 25 categories)
-        inputs = [n for n in names if n != target and not n.startswith(target + "[")]
+        inputs = [n for n in names if n != target and not n.startswith(f"{target}[")]
     else:
         inputs = [n for n in names if n != target][:1]
     return Roles(inputs, target, how, kind, names)
