@@ -338,6 +338,12 @@ def test_checked_runs_judged_and_picked_by_hand():
     assert rules.pick([steady, unstable_base, blown], tol) is steady
     dead = [rules.judge(rules.Check(f, 1.0, [5.0, 5.0, 5.0]), tol, 4.0) for f in (0.1, 1.0, 10.0)]
     assert rules.pick(dead, tol) is None
+    # 10x stable and clearly faster on the batch, but past the rate from which the range test's loss climbed for
+    # good (a sweep: a transformer's 10x memorised its batch and learned nothing on fresh ones): the suggestion stays
+    quick = rules.judge(rules.Check(10.0, 1e-2, [5.0, 1.0, 0.5, 0.3, 0.2]), tol, 4.0)
+    assert rules.pick([steady, fast, quick], tol) is quick
+    assert rules.pick([steady, fast, quick], tol, ceiling=5e-3) is fast
+    assert rules.pick([steady, fast, quick], tol, ceiling=2e-2) is quick
 
 
 def test_a_span_of_one_value_is_that_value():

@@ -32,7 +32,7 @@ def build(runner, analyses, suggestion, opts, ctx, interrupted: int = 0) -> Resu
     result = Result("lr-find")
     checks = [judge(Check(f, lr, losses), suggestion.tol, opts.diverge) for f, lr, losses in runner.checks]
     done = suggestion is not None and len(checks) == len(LABEL)
-    best = pick(checks, suggestion.tol) if done else None
+    best = pick(checks, suggestion.tol, _climbs_from(runner, analyses)) if done else None
     _header(result, runner, opts, ctx)
     _data(result, runner, analyses, suggestion, checks, best, opts, ctx)
     _tables(result, runner, analyses, suggestion, checks, best)
@@ -45,11 +45,29 @@ def build(runner, analyses, suggestion, opts, ctx, interrupted: int = 0) -> Resu
         return result
     _curve_findings(result, runner, analyses, suggestion, opts, ctx)
     if suggestion.lr is not None:
-        _check_findings(result, suggestion, checks, best, opts)
+        _check_findings(result, suggestion, checks, best, opts, _climbs_from(runner, analyses))
     _verdict(result, suggestion, checks, best, opts)
     if ctx.spec.optimizer.lr is not None:
         result.notes.append(f"{ctx.option('lr')} {ctx.spec.optimizer.lr:g} is not used: the range test sets the rate of every update")
     return result
+
+
+def _climbs_from(runner, analyses) -> float | None:
+    """The rate from which the range test's smoothed loss climbed past its lowest point by more than its noise
+    (tol), for good: the median over the repeats that fell (None where none climbed before it ended). A loss at its
+    floor stays there until the rate turns unstable (least squares: flat from 1.6e-3 to ~0.1); one that climbs right
+    after its lowest point is told the larger rates by that climb (a post-LN transformer, lowest at 0.0102)."""
+    import statistics
+
+    found = []
+    for rep, a in zip(runner.repeats, analyses):
+        if a.status != "ok" or a.min_index is None:
+            continue
+        low = a.smooth[a.min_index]
+        up = [i for i in range(a.min_index + 1, len(a.smooth)) if a.smooth[i] > low + a.tol]
+        if up and all(v > low + a.tol for v in a.smooth[up[0]:]):
+            found.append(rep.lrs[up[0]])
+    return statistics.median(found) if found else None
 
 
 def _header(result, runner, opts, ctx) -> None:
@@ -228,7 +246,7 @@ def _curve_findings(result, runner, analyses, s, opts, ctx) -> None:
                    "runs decide")
 
 
-def _check_findings(result, s, checks, best, opts) -> None:
+def _check_findings(result, s, checks, best, opts, ceiling: float | None = None) -> None:
     if not checks:
         return
     by = {c.factor: c for c in checks}
@@ -245,6 +263,11 @@ def _check_findings(result, s, checks, best, opts) -> None:
         result.add("lr-unstable", "warning", "", f"at the suggested rate {g(base.lr)} the checked run gave back more "
                    f"than a quarter of its progress at some update (a rise of {g(base.rebound)})",
                    hint=f"a rate between 0.1× and 1× (e.g. {g(base.lr * 0.3)}) may train faster than 0.1× and stay stable")
+    if best is base and ceiling is not None and high.lr > ceiling * (1 + 1e-6) and high.trained \
+            and not high.unstable and clearly_better(high, base, s.tol):
+        result.notes.append(f"10× the suggestion ({g(high.lr)}) trained faster on this batch (final loss "
+                            f"{g(high.final)} vs {g(base.final)}) but lies past {g(ceiling)}, where the range test's loss "
+                            "climbed from its lowest point for good: one batch favours large rates, so the suggestion stays")
     if best is high and not base.diverged:
         result.add("lr-too-low", "info", "", f"10× the suggestion ({g(high.lr)}) trained clearly faster on this batch "
                    f"and stayed stable: final loss {g(high.final)} vs {g(base.final)}",

@@ -235,12 +235,17 @@ def clearly_better(a: Check, b: Check, tol: float) -> bool:
     return gap > tol and gap > CLEAR * a.progress
 
 
-def pick(checks: list[Check], tol: float) -> Check | None:
+def pick(checks: list[Check], tol: float, ceiling: float | None = None) -> Check | None:
     """The recommended rate: the suggestion (factor 1), unless a stable run at another factor trained
     clearly faster (then the clearly fastest stable one); a diverged or unstable suggestion gives way to
-    any stable run that trained; None when no run trained."""
+    any stable run that trained; None when no run trained. `ceiling`: the rate from which the range test's loss
+    climbed for good as the rate grew; a stable suggestion does not give way to a rate above it (a sweep: a post-LN
+    transformer whose 10x, past that point, memorised its one batch faster in 30 updates and learned nothing in 300
+    on fresh batches, where the suggestion's neighbourhood reached 99.6%)."""
     base = next(c for c in checks if c.factor == 1)
     stable = [c for c in checks if c.trained and not c.unstable]
+    if base in stable and ceiling is not None:
+        stable = [c for c in stable if c.lr <= ceiling * (1 + 1e-6) or c is base]
     if not stable:
         trained = [c for c in checks if c.trained]
         return min(trained, key=lambda c: c.final) if trained else None
