@@ -2315,3 +2315,21 @@ def test_cross_entropy_over_features_that_cannot_go_below_zero_is_inconclusive_n
     # a classifier with a ReLU after its last layer (a bug) is the same output, and is said with the same words
     assert "an activation after a classifier's last layer" in codes["made-target-nonnegative"].message
     assert "drop the activation after the last layer" in codes["made-target-nonnegative"].hint
+
+
+def test_a_projection_aims_at_what_the_outputs_range_leaves_reachable():
+    """A sweep: a ReLU map against the normal target torchdiag drew (its floor 0.31 x the start) was "about 50207
+    more steps" from 0.01 x the start, a goal no training reaches: "train longer: --steps 63000". The projection
+    aims where _within_range passes: the floor plus 0.01 of the way from the start to it."""
+    from types import SimpleNamespace
+
+    from torchdiag.diagnostics.overfit_batch.report import _reachable_goal
+
+    opts = SimpleNamespace(target_ratio=0.01, target_loss=None)
+    curve = SimpleNamespace(first_terms=None)
+    start, floor = 1.56, 0.485
+    got = _reachable_goal(0.01 * start, start, opts, {"kind": "[0, ∞)", "floor": floor}, curve)
+    assert got == pytest.approx(floor + 0.01 * (start - floor))
+    assert _reachable_goal(0.01 * start, start, opts, None, curve) == pytest.approx(0.01 * start)
+    assert _reachable_goal(0.01 * start, start, opts, {"kind": "span", "floor": floor, "span": True}, curve) == \
+        pytest.approx(0.01 * start)   # a span's floor is a bound from below, never a pass

@@ -528,7 +528,8 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         found += memorised is False
     yard = curve.yardstick if losses else initial   # the initial loss, or the made-up target's constant fit when lower
     if not d["passed"] and curve.nonfinite_at is None and not curve.peer_stop and initial is not None:
-        trend = judge(losses, goal_of(yard, opts))
+        goal = _reachable_goal(goal_of(yard, opts), initial, opts, out_of_range, curve)
+        trend = judge(losses, goal)
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
         # no plateau, no cause: not a failure yet. With a cause found, a fall projected to the target within as many
         # steps again has not been stopped by it (a sweep: bfloat16 Mistral, five RMSNorm weights whose updates round
@@ -536,7 +537,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         # (a slowing fall the linear projection alone carries to the target is no evidence against the cause, nor a
         # loss still far from it: a review's noisy-target head, 5.8x the target, was "10 steps away" from a floor at
         # 4x it; the run must be within NEAR_GOAL of the target)
-        close = final is not None and final <= NEAR_GOAL * goal_of(yard, opts)
+        close = final is not None and final <= NEAR_GOAL * goal
         if trend.falling and trend.to_go is not None and (
                 not found or (trend.to_go <= steps and not trend.slowing and close)):
             if found:
@@ -582,6 +583,13 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})" + _frozen_words(trainer)
                                + _trained_start(ctx, initial, opts))
+    if hint and out_of_range and out_of_range.get("floor") and not curve.first_terms:
+        # the note above gives the floor the output's range leaves: not "no cause" (a sweep: timm resnet10t with
+        # global_pool='', its ReLU map against a normal target, 89% of the way to that floor)
+        hint = (f"the random target torchdiag drew lies partly outside what the output reaches "
+                f"({out_of_range['kind']}; floor {_fmt(out_of_range['floor'])}, see the note): judge it against its "
+                f"real targets ({ctx.option('batch')}, or a {ctx.option('loss')} PATH:fn), or try more "
+                f"{ctx.option('steps')} (now {curve.step})")
     other, fits = _second_opinion(result, second)
     if fits:
         _optimizer_fails(result, ctx, other, steps)
@@ -755,6 +763,18 @@ def _at_batch_floor(result, curve, opts, floor_of) -> bool:
 
 NONNEG_FALL = 0.1   # of its start: how far a cross-entropy over an output >= 0 must fall, every sample right, to be
                    # told the made-up classes are what holds it up
+
+
+def _reachable_goal(goal: float, initial, opts, out_of_range: dict | None, curve) -> float:
+    """The goal a projection aims at: where the output's range leaves a floor above the made-up target's goal, the
+    point _within_range passes at (the floor plus target_ratio of the way from the start to it). A sweep: a ReLU map
+    against a normal target, its floor 0.31 x the start, was "about 50207 more steps" from 0.01 x (never reachable):
+    "train longer: --steps 63000"."""
+    if (not out_of_range or out_of_range.get("span") or curve.first_terms or opts.target_loss is not None
+            or initial is None):
+        return goal
+    floor = out_of_range.get("floor") or 0.0
+    return max(goal, floor + opts.target_ratio * (initial - floor)) if 0 < floor < initial else goal
 
 
 def _features_not_logits(result, curve, opts, ctx) -> bool:
