@@ -95,9 +95,29 @@ def test_a_constant_field_beside_inputs_that_vary_is_info_and_a_named_target_lea
     x_num[:, [1, 4]] = 7.0
     y = torch.randint(0, 2, (500,), generator=g)
     assert len({tuple(a.tolist()) + tuple(b.tolist()) for a, b in zip(x_cat, x_num)}) == 500   # the truth
-    r = torchdiag.data(torch.utils.data.TensorDataset(x_cat, x_num, y), target_field="[2]", speed=False, sweep=False)
+    data = torch.utils.data.TensorDataset(x_cat, x_num, y)
+    r = torchdiag.data(data, target_field="[2]", speed=False, sweep=False)
+    assert "judged on [0] alone: [1] not read as the model's input" in one(r, "duplicate-samples").message
+
+    from torch import nn
+
+    class Tab(nn.Module):   # forward(x_cat, x_num): both go in, and are judged together
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(5, 3), nn.Linear(12, 2)
+
+        def forward(self, x_cat, x_num):
+            return self.head(torch.cat([self.emb(x_cat).flatten(1), x_num], 1))
+
+    r = torchdiag.data(data, model=Tab(), target_field="[2]", speed=False, sweep=False)
     assert "duplicate-samples" not in codes(r), r.findings
     assert "indices 1, 4" in next(f.message for f in r.findings if f.where == "train:[1]" and f.code == "constant-features")
+    # an index beside the one input, the target named, no model: not an input, the repeats of x still said (a review)
+    x = torch.randn(100, 4, generator=g)
+    x[50:] = x[:50]
+    r = torchdiag.data(torch.utils.data.TensorDataset(x, torch.randint(0, 2, (100,), generator=g), torch.arange(100)),
+                       target_field="[1]", speed=False, sweep=False)
+    assert one(r, "duplicate-samples").message.startswith("50 sample(s) repeat"), r.findings
 
 
 def test_a_list_of_samples_is_a_dataset_and_a_list_of_batches_is_not():

@@ -609,6 +609,11 @@ def test_a_model_of_clips_is_refused_as_usage(cli, tmp_path, image):
     path.write_text(VIDEO.replace("def build():", FRAMES + "\n\ndef build():\n    return Frames()\n\n\ndef unused():"))
     r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--device", "cpu", "--json")
     assert r.code == 0 and r.json["heatmap_max"] == pytest.approx(1.0), r.stderr
+    # a one-channel scan model reads the grey image as one unbatched volume, runs, and gives scores of no batch: the
+    # same refusal, not "needs (N, classes) scores" alone (a review)
+    path.write_text(VIDEO.replace("nn.Conv3d(3, 4", "nn.Conv3d(1, 4").replace("torch.randn(2, 3, 4", "torch.randn(2, 1, 4"))
+    r = cli("gradcam", f"{path}:build", "--layer", "0", "--image", image, "--channels", "1", "--device", "cpu")
+    assert r.code == 2 and "still image" in r.stderr and "2x1x4x16x16" in r.stderr, r.stderr
 
 
 def test_two_image_like_inputs_are_refused_not_guessed(cli, tmp_path, image):

@@ -5023,6 +5023,31 @@ def test_small_updates_after_the_schedule_cut_the_rate_say_the_rate_fell():
         [(f.where, f.hint) for f in low]
 
 
+def test_small_updates_of_saturated_units_under_a_decaying_rate_say_the_gradient_faded():
+    """A review: a first layer's tanh units saturated at step 100 (its weights scaled 1000x) while a cosine schedule
+    had barely moved (0.096 -> 0.093); the schedule ends near 0 and the hint said the rate fell. The update per unit
+    of rate fell 1000x first: the gradient, not the rate."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 20)
+    y = (x[:, :3].sum(1) > 0).long()
+    model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(1e-3, 0.5 * (1 + math.cos(math.pi * s / 600))))
+    with Watch(model, opt, every=20) as w:
+        for step in range(600):
+            if step == 100:
+                with torch.no_grad():
+                    model[0].weight.mul_(1000)
+            i = torch.randint(0, 512, (32,))
+            opt.zero_grad()
+            F.cross_entropy(model(x[i]), y[i]).backward()
+            opt.step()
+            sched.step()
+    assert (model[:2](x).abs() > 0.999).float().mean() > 0.9   # the premise: the layer is saturated
+    f = next(f for f in w.result().findings if f.code == "update-ratio-low" and f.where == "0.weight")
+    assert "faded" in f.hint and "fell from" not in f.hint, f.hint
+
+
 def test_a_loss_that_rose_again_over_the_second_half_is_not_told_the_rate_may_be_too_small():
     """A sweep: Adam at lr 1 on an MLP fell from 87 to a running median of 0 by mid-run (saturated answers), then
     rose to 0.24 between spikes of several hundred. loss-plateau's hint said "converged, or the learning rate is too

@@ -379,8 +379,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         with ctx.autocast():   # --amp: the forward as it trains
             try:
                 cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
-            except ModelError as exc:
-                _still_image_model(own, c, exc)   # a model of clips refused the image: usage, said as such
+            except (ModelError, UsageError) as exc:   # (a one-channel Conv3d reads the image as one volume and
+                _still_image_model(own, c, exc)       # gives scores of another shape: a review)
                 raise
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(widened(logits[0]), 0)

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, field
 
 EMA_BETA = 0.9          # the early stop's moving average
+START_READS = 3         # ... compared with the loss before the first update from this many losses on
 NOISE_K = 3.0           # a change is meaningful above NOISE_K σ …
 MIN_REL = 0.01          # … and above 1% of the starting loss
 VALLEY_FROM = 0.1       # the descent starts where 10% of the fall is done
@@ -56,12 +57,14 @@ class EarlyStop:
     """The online stop of one repeat: feed each loss; `update` says why to stop, or None."""
 
     def __init__(self, diverge: float, beta: float = EMA_BETA, start: float = math.inf):
-        """`start`: the loss before the first update, the best to that point (a sweep: Adam at lr 1 took a digits MLP
-        from 2.3 to 6255 at its first update and back down; measured from that first update only, nothing diverged,
-        and the fall after it read as "still falling at max_lr": raise it)."""
+        """`start`: the loss before the first update. A blow-up at once is measured from it (a sweep: Adam at lr 1
+        took a digits MLP from 2.3 to 6255 at its first update and back down; measured from that first update only,
+        nothing diverged, and the fall after it read as "still falling at max_lr": raise it): the average of the
+        first START_READS losses or more above diverge² × start. One raw draw against another is noise where the
+        forward draws (a review: dropout 0.5 on a part-trained MLP, draws 5.7x apart with no update at all)."""
         self.diverge, self.beta = diverge, beta
-        self.avg, self.n = 0.0, 0
-        self.best = start if math.isfinite(start) else math.inf
+        self.avg, self.n, self.best = 0.0, 0, math.inf
+        self.start = start if math.isfinite(start) else None
         self.smoothed: list[float] = []
 
     def update(self, loss: float) -> str | None:
@@ -72,7 +75,8 @@ class EarlyStop:
         value = self.avg / (1 - self.beta ** self.n)          # debiased
         self.smoothed.append(value)
         self.best = min(self.best, value)
-        return "diverged" if exceeds(value, self.best, self.diverge) else None
+        blown = self.start is not None and self.n >= START_READS and exceeds(value, self.start, self.diverge ** 2)
+        return "diverged" if blown or exceeds(value, self.best, self.diverge) else None
 
 
 def exceeds(value: float, best: float, factor: float) -> bool:

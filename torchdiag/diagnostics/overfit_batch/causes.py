@@ -140,9 +140,9 @@ def entropy_floor(target) -> float:
     return -sum(c / n * math.log(c / n) for c in counts.values())
 
 
-def output_box(out, loss) -> tuple[float, float] | None:
-    """For cross-entropy with class-index targets: the interval every logit lies in, when the output
-    is squashed to [0, 1] (sigmoid, softmax) or [-1, 1] (tanh); None otherwise."""
+def logit_range(out, loss) -> tuple[float, float] | None:
+    """For cross-entropy with class-index targets: (lowest, highest) of the logits, read back once; None when the
+    loss is another, the output is not a (N, C, ...) float tensor with C >= 2, or a value is not finite."""
     import torch
 
     if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None or loss.target.is_floating_point():
@@ -157,8 +157,15 @@ def output_box(out, loss) -> tuple[float, float] | None:
         return None
     y = y.detach().float()
     finite, lo, hi = torch.stack([torch.isfinite(y).all().float(), y.amin(), y.amax()]).tolist()   # one read
-    if finite != 1.0:
+    return (lo, hi) if finite == 1.0 else None
+
+
+def output_box(span: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The interval every logit lies in (logit_range), when the output is squashed to [0, 1] (sigmoid, softmax)
+    or [-1, 1] (tanh); None otherwise."""
+    if span is None:
         return None
+    lo, hi = span
     eps = 1e-6
     if lo >= -eps and hi <= 1 + eps:
         return 0.0, 1.0
@@ -167,25 +174,13 @@ def output_box(out, loss) -> tuple[float, float] | None:
     return None
 
 
-def nonneg_logits(out, loss) -> bool:
-    """Cross-entropy against class indices over an output whose every value is >= 0 (pooled ReLU features: a backbone
-    built without its head). The loss then falls only as the target's own output rises, none of the others can go
-    below 0, and the margin grows slowly: a 64-wide conv-BN-ReLU-pool trunk on 2 samples stays at 0.42x its start after
-    2000 Adam steps, 0.002x with a Linear head on it (a sweep: timm's resnet10t with num_classes=0, cannot-overfit
-    with no cause found, batch accuracy 100%)."""
-    import torch
-
-    from ...core.loss import primary_output
-
-    if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None or loss.target.is_floating_point():
-        return False
-    try:
-        y, _ = primary_output(out)
-    except Exception:
-        return False
-    if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.shape[1] < 2 or not y.is_floating_point():
-        return False
-    return bool(torch.isfinite(y).all() and y.amin() >= 0)
+def nonneg_logits(span: tuple[float, float] | None) -> bool:
+    """Cross-entropy against class indices over an output whose every value is >= 0 (logit_range; pooled ReLU
+    features: a backbone built without its head). The loss then falls only as the target's own output rises, none
+    of the others can go below 0, and the margin grows slowly: a 64-wide conv-BN-ReLU-pool trunk on 2 samples stays
+    at 0.42x its start after 2000 Adam steps, 0.002x with a Linear head on it (a sweep: timm's resnet10t with
+    num_classes=0, cannot-overfit with no cause found, batch accuracy 100%)."""
+    return span is not None and span[0] >= 0
 
 
 def bounded_floor(classes: int, box: tuple[float, float]) -> float:
@@ -345,7 +340,8 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
             if not causes.final_same:
                 causes.near_same = _near_same(out, trainer.loss_fn, curve.losses[-1])
                 causes.final_same = causes.near_same is not None
-            box = output_box(out, trainer.loss_fn)
+            span = logit_range(out, trainer.loss_fn)
+            box = output_box(span)
             if box is not None and box == curve.first_box:
                 classes = int(primary_output(out)[0].shape[1])
                 floor = bounded_floor(classes, box)
@@ -361,7 +357,8 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                     rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
-            causes.nonneg = box is None and curve.first_nonneg and nonneg_logits(out, trainer.loss_fn)
+            causes.nonneg = box is None and curve.first_nonneg and nonneg_logits(span) and \
+                bool(getattr(trainer.loss_fn, "made_target", False))   # real labels: the logits' own fault, not ours
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             causes.batch_floor = functools.partial(
                 batch_floor, curve.first_answers, out, trainer.loss_fn,

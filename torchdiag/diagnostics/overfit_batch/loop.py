@@ -31,6 +31,7 @@ from .ambiguity import first_groups
 from .causes import (
     accuracy_counts,
     constant_loss,
+    logit_range,
     nonneg_logits,
     output_box,
     same_across_samples,
@@ -395,8 +396,8 @@ class Trainer:
         if step == 0:
             c.first_same = same_across_samples(sample_tensor(out, self.batch.batch_size))[0]
             c.differed = not c.first_same
-            c.first_box = output_box(out, self.loss_fn)
-            c.first_nonneg = nonneg_logits(out, self.loss_fn)
+            span = logit_range(out, self.loss_fn)   # one read for both
+            c.first_box, c.first_nonneg = output_box(span), nonneg_logits(span)
             c.first_bounds = start_bounds(out, self.loss_fn)
             c.constant = constant_loss(out, self.loss_fn)
             c.first_answers = first_groups(out, self.loss_fn, self.batch)   # (detached values: no graph)

@@ -515,8 +515,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
-    if not d["passed"] and not found and nonneg and _features_not_logits(result, curve, opts, ctx):
-        return
+    if not d["passed"] and not found and nonneg:
+        result.notes.append(f"{NONNEG_SAID} (judge it against its real targets: {ctx.option('batch')}, or a "
+                            f"{ctx.option('loss')} PATH:fn)")
     if not d["passed"] and not found and curve.nonfinite_at is None and (
             _within_range(result, curve, opts, out_of_range) or _at_batch_floor(result, curve, opts, batch_floor)):
         return
@@ -550,6 +551,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
             _not_yet(result, curve, opts, ctx, trend, second)
             return
         _trend_note(result, trend)
+    if not d["passed"] and not found and nonneg and curve.nonfinite_at is None and \
+            _features_not_logits(result, curve, opts, ctx):   # (after the trend: a fall still on its way is not-yet)
+        return
     settled = trend is not None and trend.kind in ("plateau", "levelling")
     if settled and final_acc == 1.0 and own_floor and not found and initial and initial > 0:
         _at_its_floor(result, d, opts, ctx)
@@ -583,7 +587,10 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})" + _frozen_words(trainer)
                                + _trained_start(ctx, initial, opts))
-    if hint and out_of_range and out_of_range.get("floor") and not curve.first_terms:
+    if hint and out_of_range and out_of_range.get("floor") and not curve.first_terms and initial is not None \
+            and final is not None and initial - final >= FLOOR_WAY * (initial - out_of_range["floor"]):
+        # most of the way to the floor only: a loss stuck far above it has another cause (a review: a final ReLU
+        # whose dead outputs held the loss at 0.81 against a floor of 0.49)
         # the note above gives the floor the output's range leaves: not "no cause" (a sweep: timm resnet10t with
         # global_pool='', its ReLU map against a normal target, 89% of the way to that floor)
         hint = (f"the random target torchdiag drew lies partly outside what the output reaches "
@@ -761,6 +768,11 @@ def _at_batch_floor(result, curve, opts, floor_of) -> bool:
     return True
 
 
+NONNEG_SAID = ("every output value is ≥ 0, at the start and the end (features after a ReLU or a pooling of them, not "
+               "logits: a backbone without its head, or an activation after a classifier's last layer): cross-entropy "
+               "against the classes torchdiag drew can only raise the target's value, never push the others below 0, "
+               "so the loss falls slowly")
+FLOOR_WAY = 0.5    # of the way from the start to the floor a made-up target's range leaves: its hint names that floor
 NONNEG_FALL = 0.1   # of its start: how far a cross-entropy over an output >= 0 must fall, every sample right, to be
                    # told the made-up classes are what holds it up
 
@@ -784,16 +796,12 @@ def _features_not_logits(result, curve, opts, ctx) -> bool:
     value (a warning, INCONCLUSIVE). Short of that, a note beside the verdict."""
     d = result.data
     initial, final, acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
-    said = ("every output value is ≥ 0, at the start and the end (features after a ReLU or a pooling of them, not "
-            "logits: a backbone without its head, or an activation after a classifier's last layer): cross-entropy "
-            "against the classes torchdiag drew can only raise the target's value, never push the others below 0, so "
-            "the loss falls slowly")
     if opts.target_loss is not None or initial is None or final is None or not 0 < initial or not math.isfinite(final):
         return False
     if acc != 1.0 or final > NONNEG_FALL * initial:
-        result.notes.append(f"{said} (judge it against its real targets: --batch, or a --loss PATH:fn)")
         return False
-    result.add("made-target-nonnegative", "warning", "", f"{said}. Every sample's answer is right and the loss is "
+    result.add("made-target-nonnegative", "warning", "", "cross-entropy against the classes torchdiag drew over an "
+               "output ≥ 0 (the note above). Every sample's answer is right and the loss is "
                f"{final / initial:.3g} × its start ({_fmt(initial)} → {_fmt(final)}): the model learns; whether it "
                "memorises a batch is not told by this target",
                hint="if these are its logits, drop the activation after the last layer (cross-entropy applies "

@@ -2046,9 +2046,12 @@ def _low_ratio_hint(t, i: int, p, samples: list, lr_of: dict) -> str:
     review's MultiStepLR, 0.1 -> 1e-7, the gradient's norm steady), the rate is what shrank them."""
     ratios = [v for _, v in samples]
     if samples:
-        top = max(samples, key=lambda sv: sv[1])
-        then, now = lr_of.get(top[0]), lr_of.get(samples[-1][0])
-        if then and now is not None and 0 <= now <= then / RATE_FELL:
+        top, last = max(samples, key=lambda sv: sv[1]), samples[-1]
+        then, now = lr_of.get(top[0]), lr_of.get(last[0])
+        # the rate fell that far, and the update per unit of rate did not (a review: tanh units saturated at step 100
+        # while a cosine schedule had barely moved, 0.096 -> 0.093: the gradient, not the rate)
+        if then and now is not None and 0 <= now <= then / RATE_FELL and (
+                now == 0 or last[1] / now >= top[1] / then / RATE_FELL):   # (a rate at 0 moves nothing at all)
             return (f"the learning rate fell from {then:.3g} (at a read where its updates were {top[1]:.2g} of its "
                     f"norm) to {now:.3g}: the updates shrank with it; the learning rate may be too small for this layer "
                     "now")
