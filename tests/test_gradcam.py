@@ -609,6 +609,8 @@ def test_a_model_of_clips_is_refused_as_usage(cli, tmp_path, image):
     path.write_text(VIDEO.replace("def build():", FRAMES + "\n\ndef build():\n    return Frames()\n\n\ndef unused():"))
     r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--device", "cpu", "--json")
     assert r.code == 0 and r.json["heatmap_max"] == pytest.approx(1.0), r.stderr
+    r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--device", "cpu", "-k", "99")
+    assert r.code == 2 and "out of range" in r.stderr and "still image" not in r.stderr, r.stderr   # an option's own
     # a one-channel scan model reads the grey image as one unbatched volume, runs, and gives scores of no batch: the
     # same refusal, not "needs (N, classes) scores" alone (a review)
     path.write_text(VIDEO.replace("nn.Conv3d(3, 4", "nn.Conv3d(1, 4").replace("torch.randn(2, 3, 4", "torch.randn(2, 1, 4"))

@@ -2346,3 +2346,25 @@ def test_a_projection_aims_at_what_the_outputs_range_leaves_reachable():
     assert _reachable_goal(0.01 * start, start, opts, None, curve) == pytest.approx(0.01 * start)
     assert _reachable_goal(0.01 * start, start, opts, {"kind": "span", "floor": floor, "span": True}, curve) == \
         pytest.approx(0.01 * start)   # a span's floor is a bound from below, never a pass
+
+
+def test_a_relu_on_real_labels_logits_is_named_in_the_failures_hint():
+    """A review: Linear-ReLU-Linear(64, 10)-ReLU on 16 real labels, 4 of its 10 logit columns held at 0 for every
+    sample (truth: without the last ReLU the same training memorises the batch), was cannot-overfit with "no
+    mechanical cause found"."""
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+    def mlp(last_relu: bool):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10), *([nn.ReLU()] if last_relu else []))
+
+    r = api_run("overfit-batch", mlp(True), ModelInputs((x,)), target=y, loss="cross_entropy")
+    f = next(f for f in r.findings if f.code == "cannot-overfit")
+    assert "drop the activation after the last layer" in f.hint and "no mechanical cause" not in f.hint, f.hint
+    assert any("every output value is ≥ 0" in n and "torchdiag drew" not in n for n in r.notes), r.notes
+    assert api_run("overfit-batch", mlp(False), ModelInputs((x,)), target=y, loss="cross_entropy").data["passed"]

@@ -96,10 +96,12 @@ def find_roles(batch, input_field: str | None = None, target_field: str | None =
         top = [n for n in names if n != target and not (target and n.startswith(target + "."))]
         first = [n for n in top if n.split(".")[0] in INPUT_KEYS]
         inputs = first[:1] + [n for n in top if n not in first[:1]] if first else top
-    elif target_field is not None and kind == "tuple" and positional > 1:
-        # the target named, and a model whose forward requires more than one input: that many of the other fields go
-        # in (an index or weight field beyond them is not an input: a review)
-        inputs = [n for n in _tops(batch) if n != target][:positional]
+    elif target_field is not None and kind == "tuple" and positional > 1 and all(
+            _under(names, t) == [t] for t in _tops(batch)):
+        # the target named, a flat tuple of tensors, and a model whose forward requires more than one input: that many
+        # of the other fields go in (an index or weight field beyond them is not an input: a review). A tuple that
+        # nests a dict or a tuple keeps the one input (model_call passes leaves, not the dict: a review's KeyError)
+        inputs = [t for t in _tops(batch) if t != target][:positional]
     else:
         inputs = [n for n in names if n != target][:1]
     return Roles(inputs, target, how, kind, names)

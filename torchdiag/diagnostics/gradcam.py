@@ -380,7 +380,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
             try:
                 cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
             except (ModelError, UsageError) as exc:   # (a one-channel Conv3d reads the image as one volume and
-                _still_image_model(own, c, exc)       # gives scores of another shape: a review)
+                if not isinstance(exc, OptionError):  # gives scores of another shape: a review; an option's own
+                    _still_image_model(own, c, exc)   # refusal, -k 99, stays that: a second review)
                 raise
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(widened(logits[0]), 0)

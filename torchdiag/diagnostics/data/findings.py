@@ -47,7 +47,7 @@ def add_all(r, st) -> None:
         if s.hashes.duplicates > blanks and not constant:   # a constant input repeats by definition, a blank too
             a, b = s.hashes.pairs[0]
             copies = _stream_copies(st, split, s)
-            unread = [f.name for f in s.fields.values() if f.role == "other"]
+            unread = [f.name for f in s.fields.values() if f.role == "other" and not s.unread_features]
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
                   f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
                   + (f": {copies[1]:.0%} of the samples read, as when each of the loader's {copies[0]} workers yields "

@@ -37,7 +37,8 @@ class Causes:
     near_same: float | None = None   # the labels' probabilities alike across samples to this, the loss at the entropy
     batch_floor: Any = None          # () -> the cross-entropy floor of positions alike in input and answer, unlike in
                                      # target (ambiguity.batch_floor: read when a verdict asks)
-    nonneg: bool = False             # cross-entropy on class indices over an output >= 0 and unbounded above (features)
+    nonneg: str | None = None        # cross-entropy on class indices over an output >= 0, not bounded above: "made"
+                                     # (torchdiag's random classes: features?) or "real" (given labels: a ReLU on logits?)
 
 
 def sample_tensor(out, batch: int | None):
@@ -357,8 +358,8 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                     rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
-            causes.nonneg = box is None and curve.first_nonneg and nonneg_logits(span) and \
-                bool(getattr(trainer.loss_fn, "made_target", False))   # real labels: the logits' own fault, not ours
+            if box is None and curve.first_nonneg and nonneg_logits(span):   # real labels: the logits' own fault
+                causes.nonneg = "made" if getattr(trainer.loss_fn, "made_target", False) else "real"
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             causes.batch_floor = functools.partial(
                 batch_floor, curve.first_answers, out, trainer.loss_fn,

@@ -511,13 +511,15 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
 
 def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False,
              out_of_range: dict | None = None, term_floors: list | None = None, held=None,
-             batch_floor=None, nonneg: bool = False) -> None:
+             batch_floor=None, nonneg: str | None = None) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
-    if not d["passed"] and not found and nonneg:
+    if not d["passed"] and not found and nonneg == "made":
         result.notes.append(f"{NONNEG_SAID} (judge it against its real targets: {ctx.option('batch')}, or a "
                             f"{ctx.option('loss')} PATH:fn)")
+    elif not d["passed"] and not found and nonneg == "real":
+        result.notes.append(NONNEG_REAL)
     if not d["passed"] and not found and curve.nonfinite_at is None and (
             _within_range(result, curve, opts, out_of_range) or _at_batch_floor(result, curve, opts, batch_floor)):
         return
@@ -551,7 +553,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
             _not_yet(result, curve, opts, ctx, trend, second)
             return
         _trend_note(result, trend)
-    if not d["passed"] and not found and nonneg and curve.nonfinite_at is None and \
+    if not d["passed"] and not found and nonneg == "made" and curve.nonfinite_at is None and \
             _features_not_logits(result, curve, opts, ctx):   # (after the trend: a fall still on its way is not-yet)
         return
     settled = trend is not None and trend.kind in ("plateau", "levelling")
@@ -587,6 +589,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})" + _frozen_words(trainer)
                                + _trained_start(ctx, initial, opts))
+    if hint and nonneg == "real":
+        hint = ("drop the activation after the last layer: cross-entropy takes raw logits (it applies log-softmax "
+                f"itself), and an output held at 0 gets no gradient; or try more {ctx.option('steps')} (now {curve.step})")
     if hint and out_of_range and out_of_range.get("floor") and not curve.first_terms and initial is not None \
             and final is not None and initial - final >= FLOOR_WAY * (initial - out_of_range["floor"]):
         # most of the way to the floor only: a loss stuck far above it has another cause (a review: a final ReLU
@@ -772,6 +777,9 @@ NONNEG_SAID = ("every output value is ≥ 0, at the start and the end (features 
                "logits: a backbone without its head, or an activation after a classifier's last layer): cross-entropy "
                "against the classes torchdiag drew can only raise the target's value, never push the others below 0, "
                "so the loss falls slowly")
+NONNEG_REAL = ("every output value is ≥ 0, at the start and the end: as logits, cross-entropy can only raise the "
+               "target class's value, never push the others below 0, and an output held at 0 gets no gradient (an "
+               "activation after the classifier's last layer?)")
 FLOOR_WAY = 0.5    # of the way from the start to the floor a made-up target's range leaves: its hint names that floor
 NONNEG_FALL = 0.1   # of its start: how far a cross-entropy over an output >= 0 must fall, every sample right, to be
                    # told the made-up classes are what holds it up

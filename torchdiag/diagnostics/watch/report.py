@@ -2037,34 +2037,38 @@ def _layers(result: Result, engine) -> None:
         rows, limit=30, tb_scalars=("update_ratio",)))
 
 
+SHRANK = ("converged (the loss at its floor), or dead or saturated units (often after updates too large: then lower "
+          "the learning rate)")
+
+
 def _low_ratio_hint(t, i: int, p, samples: list, lr_of: dict) -> str:
-    """Updates that were of a sane size (SANE_RATIO) at some read, or a weight that grew BLOWN_GROWTH-fold over the run
-    (from its start, or a standard initialisation's scale where it started below): the rate moved it, and its small
-    late updates come from a gradient that vanished, not a rate too small (a sweep: SGD warmed up to lr 1, ratios
-    0.04-0.1 by step 100, the weights 11-55x, every unit dead and every update 0 from step 300, was told the rate
-    may be too small). Where the rate itself fell RATE_FELL-fold since that read (a schedule decayed to ~0: a
-    review's MultiStepLR, 0.1 -> 1e-7, the gradient's norm steady), the rate is what shrank them."""
+    """Why a weight's late updates are tiny, from what the reads saw. Where the rate fell RATE_FELL-fold since the read
+    of the largest ratio: the rate, and where the update per unit of rate fell that far too, the gradient as well (a
+    review: a MultiStepLR to 1e-7, the gradient steady; tanh units saturated under a cosine schedule). Where a read
+    saw updates of a sane size (SANE_RATIO), or the weight grew BLOWN_GROWTH-fold (from its start, or a standard
+    initialisation's scale where it started below): the rate moved it, and its gradient shrank since, which a
+    converged fit does as well as dead units (a sweep: SGD warmed up to lr 1, ratios 0.04-0.1 by step 100, the weights
+    11-55x, every unit dead, was told the rate may be too small; a review: a Linear regression converged to 9e-4)."""
     ratios = [v for _, v in samples]
     if samples:
         top, last = max(samples, key=lambda sv: sv[1]), samples[-1]
         then, now = lr_of.get(top[0]), lr_of.get(last[0])
-        # the rate fell that far, and the update per unit of rate did not (a review: tanh units saturated at step 100
-        # while a cosine schedule had barely moved, 0.096 -> 0.093: the gradient, not the rate)
-        if then and now is not None and 0 <= now <= then / RATE_FELL and (
-                now == 0 or last[1] / now >= top[1] / then / RATE_FELL):   # (a rate at 0 moves nothing at all)
-            return (f"the learning rate fell from {then:.3g} (at a read where its updates were {top[1]:.2g} of its "
-                    f"norm) to {now:.3g}: the updates shrank with it; the learning rate may be too small for this layer "
-                    "now")
+        if then and now is not None and 0 <= now <= then / RATE_FELL:
+            fell = (f"the learning rate fell from {then:.3g} (at a read where its updates were {top[1]:.2g} of its norm) "
+                    f"to {now:.3g}")
+            if now == 0 or last[1] / now >= top[1] / then / RATE_FELL:   # (a rate at 0 moves nothing at all)
+                return f"{fell}: the updates shrank with it; the learning rate may be too small for this layer now"
+            return f"{fell}, and its gradient shrank further still: {SHRANK}"
     if ratios and max(ratios) >= SANE_RATIO:
-        return (f"its updates were {max(ratios):.2g} of its norm at a read before: the rate moves it, its gradient "
-                "faded since (dead or saturated units, often after updates too large: lower the learning rate)")
+        return (f"its updates were {max(ratios):.2g} of its norm at a read before, so the rate moves it; its gradient "
+                f"shrank since: {SHRANK}")
     a = t.start_norm[i] if t.start_norm else None
     b = t.weight_norm[i] if t.weight_norm else None
     if a is not None and b is not None and math.isfinite(a) and math.isfinite(b):
         grew = b / max(a, math.sqrt(max(1, p.shape[0])))
         if grew >= BLOWN_GROWTH:
             return (f"its norm grew {grew:.3g}× over the run: the updates were large before they got small, so its "
-                    "gradient faded (dead or saturated units after updates too large): lower the learning rate")
+                    f"gradient shrank since: {SHRANK}")
     return "the learning rate may be too small for this layer"
 
 
