@@ -616,6 +616,14 @@ def test_a_model_of_clips_is_refused_as_usage(cli, tmp_path, image):
     path.write_text(VIDEO.replace("nn.Conv3d(3, 4", "nn.Conv3d(1, 4").replace("torch.randn(2, 3, 4", "torch.randn(2, 1, 4"))
     r = cli("gradcam", f"{path}:build", "--layer", "0", "--image", image, "--channels", "1", "--device", "cpu")
     assert r.code == 2 and "still image" in r.stderr and "2x1x4x16x16" in r.stderr, r.stderr
+    # a scan model whose head is a 1x1x1 convolution gives the image (5, 1) scores: refused before -k is read (a
+    # review: "-k 3 is out of range: the model has 1 classes", and without -k "class 0, p=1.000", exit 0)
+    path.write_text(VIDEO.replace("nn.Conv3d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten(), "
+                                  "nn.Linear(4, 5)", "nn.Conv3d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv3d(4, 5, 1), "
+                                  "nn.AdaptiveAvgPool3d(1), nn.Flatten()").replace("torch.randn(2, 3, 4", "torch.randn(2, 1, 4"))
+    for more in ([], ["-k", "3"]):
+        r = cli("gradcam", f"{path}:build", "--layer", "0", "--image", image, "--channels", "1", "--device", "cpu", *more)
+        assert r.code == 2 and "scores of shape (5, 1), not (1, 5)" in r.stderr, r.stderr
 
 
 def test_two_image_like_inputs_are_refused_not_guessed(cli, tmp_path, image):

@@ -300,22 +300,54 @@ def built_for(given, channels: int) -> tuple[int, int] | None:
     return (shape[2], shape[3]) if shape[1] == channels else (shape[1], shape[2])
 
 
-def _still_image_model(given, channels: int, exc: Exception) -> None:
-    """After the image's forward failed (`exc`): a model whose own inputs hold no still image but a clip (N x C x T x
-    H x W: a video classifier, a 3-D scan) is refused as usage. Its Conv3d read the 4-D image as an unbatched clip of
-    one channel (a sweep: torchvision's r3d_18, exit 3 blaming the model, with a hint no option could follow). Tried
-    first: a frame-wise video model takes a still image too (a review: a 2-D CNN averaged over frames)."""
+def _clip_shape(own, channels: int) -> str | None:
+    """"NxCxTxHxW" of the first clip among the model's own inputs when they hold clips or volumes (5-D and more) and
+    no still image; None otherwise."""
     import torch
 
-    if given is None:
-        return
-    tensors = [t for t in [*given.args, *given.kwargs.values()] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if own is None:
+        return None
+    tensors = [t for t in [*own.args, *own.kwargs.values()] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     clips = [t for t in tensors if t.dim() >= 5]
-    if clips and not any(_image_like(t, channels) for t in tensors):
-        shape = "x".join(str(n) for n in clips[0].shape)
-        raise UsageError(f"gradcam maps a still image (N x C x H x W), and this model refused one ({str(exc).splitlines()[0] if str(exc) else one_line(exc)}); "
-                         f"{given.source} gives it {shape} (a clip or a volume)",
-                         hint="run it on an image model, or on a 2-D backbone of this one") from exc
+    if not clips or any(_image_like(t, channels) for t in tensors):
+        return None
+    return "x".join(str(n) for n in clips[0].shape)
+
+
+def _refuse_clips(own, shape: str, why: str, exc: Exception | None = None) -> None:
+    """A model of clips or volumes that does not take the still image (a sweep: torchvision's r3d_18, whose Conv3d read
+    the 4-D image as an unbatched clip of one channel, was exit 3 blaming the model, with a hint no option could
+    follow; a review: a one-channel scan model ran on it and gave scores of no batch)."""
+    raise UsageError(f"gradcam maps a still image (N x C x H x W), and this model {why}; {own.source} gives it "
+                     f"{shape} (a clip or a volume)", hint="run it on an image model, or on a 2-D backbone of this one") \
+        from exc
+
+
+def _takes_image(model, x, own, ctx) -> str | None:
+    """Why a model whose own inputs are clips does not take the still image `x` (None: it does, as a frame-wise video
+    model averaging a 2-D CNN's scores over frames does): its forward raises, or its scores are not (1, C) for the C
+    its own input gives (a review: a 3-D scan model with a 1x1x1 head gave (5, 1) on the image, and -k 3 was told
+    the model has 1 class). Two no-grad eval forwards, for such models only."""
+    import torch
+
+    from ..core.loss import primary_output
+
+    with leave_no_trace(model), torch.no_grad():
+        model.eval()
+        try:
+            mine, _ = primary_output(own.call(model))
+        except Exception:   # the model's own input failing is not this check's to say
+            return None
+        try:
+            got, _ = primary_output(model(x))
+        except Exception as exc:
+            return f"refused one ({one_line(exc)})"
+    if not isinstance(mine, torch.Tensor) or not isinstance(got, torch.Tensor) or mine.dim() != 2:
+        return None
+    if got.dim() != 2 or got.shape[0] != 1 or got.shape[1] != mine.shape[1]:
+        return (f"gives it scores of shape {tuple(got.shape)}, not (1, {mine.shape[1]}) as its own input's "
+                f"{tuple(mine.shape)} say")
+    return None
 
 
 def _image_like(t, channels: int) -> bool:
@@ -373,15 +405,22 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     given = other_inputs(model, x, ctx, c, own)
     if given is not None:
         result.header.update(inputs=given.describe(), input_source=given.source)
+    clip = _clip_shape(own, c) if given is None else None
+    if clip is not None:
+        why = _takes_image(model, x, own, ctx)
+        if why:
+            _refuse_clips(own, clip, why)
     with leave_no_trace(model):
         model.eval()
         info: dict = {}
         with ctx.autocast():   # --amp: the forward as it trains
             try:
                 cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
-            except (ModelError, UsageError) as exc:   # (a one-channel Conv3d reads the image as one volume and
-                if not isinstance(exc, OptionError):  # gives scores of another shape: a review; an option's own
-                    _still_image_model(own, c, exc)   # refusal, -k 99, stays that: a second review)
+            except (ModelError, UsageError) as exc:   # (with other inputs beside the clip, not tried before; an
+                clip = _clip_shape(own, c)            # option's own refusal, -k 99, stays that: a review)
+                if clip is not None and not isinstance(exc, OptionError):
+                    _refuse_clips(own, clip, f"refused one ({str(exc).splitlines()[0] if str(exc) else one_line(exc)})",
+                                  exc)
                 raise
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(widened(logits[0]), 0)

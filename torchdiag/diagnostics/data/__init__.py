@@ -142,8 +142,7 @@ def _stages(st: State) -> None:
         st.scans[split] = S.SplitScan(split)
         try:
             S.scan_into(st.scans[split], data, opts, roles if split == "train" else None,
-                        st.scans.get("train") if split == "val" else None, ctx.seed, model_inputs(st.model),
-                        model_given=st.model is not None)
+                        st.scans.get("train") if split == "val" else None, ctx.seed, model_inputs(st.model))
         except Hang as h:
             st.hang, st.hang_phase = h, st.phase
             return

@@ -47,15 +47,17 @@ def add_all(r, st) -> None:
         if s.hashes.duplicates > blanks and not constant:   # a constant input repeats by definition, a blank too
             a, b = s.hashes.pairs[0]
             copies = _stream_copies(st, split, s)
-            unread = [f.name for f in s.fields.values() if f.role == "other" and not s.unread_features]
+            # fields not hashed: the repeats may differ there (a second review: hashing every vector field hid true
+            # repeats whose metadata differed), or be no repeats at all (x_cat's 25 combinations beside x_num)
+            unread = [f.name for f in s.fields.values() if f.role == "other"]
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
                   f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
                   + (f": {copies[1]:.0%} of the samples read, as when each of the loader's {copies[0]} workers yields "
                      "the whole stream" if copies else "")
                   # (a sweep: TensorDataset(x_cat, x_num, y), x_cat's 25 combinations "repeating", x_num unread)
                   + (f"; judged on {'+'.join(s.roles.inputs)} alone: {', '.join(unread[:4])} not read as the model's "
-                     "input (--model tells how many inputs its forward takes, --input-field names one)"
-                     if unread else ""),
+                     "input, and the samples may differ there (--model tells how many inputs its forward takes, "
+                     "--input-field names one)" if unread else ""),
                   "shard the IterableDataset by worker (torch.utils.data.get_worker_info() in __iter__)" if copies else
                   "drop the repeats (they weigh some samples twice), unless the repetition is deliberate or the inputs "
                   "are draws from a small discrete space (there repeats are the data's own frequencies)")

@@ -76,8 +76,6 @@ class SplitScan:
     weights: Any = None                       # per dataset index: the loader's WeightedRandomSampler's weights
     blank: dict = field(default_factory=dict)  # label (or None) -> samples whose image input is one value throughout
     blank_first: tuple | None = None          # (sample index, that value) of the first
-    unread_features: bool = False             # no model says what goes in: non-target fields of a vector or more per
-                                              # sample join the inputs' hash (an id or a weight, one number, does not)
 
 
 def scan(data, opts, split: str, roles_hint=None, against: SplitScan | None = None, seed: int = 0) -> SplitScan:
@@ -88,9 +86,7 @@ def scan(data, opts, split: str, roles_hint=None, against: SplitScan | None = No
     return out
 
 
-def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positional: int = 1,
-              model_given: bool = True) -> None:
-    out.unread_features = not model_given
+def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positional: int = 1) -> None:
     source, chunks, dataset = _source(out, data, opts, seed)
     # one batch read ahead: loading the next overlaps the checks of this one (nothing is timed here)
     fetcher, cleanup = guarded(source, opts.timeout, dataset=dataset, label=f"{out.split} data", ahead=1)
@@ -223,10 +219,7 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
     named = dict(fields)
     inputs = [named[n] for n in roles.inputs if n in named and named[n].dim() > 0]
     if inputs and all(t.shape[0] == len(idx) for t in inputs):
-        # (a sweep: TensorDataset(x_cat, x_num, y), its target named, no model: x_cat's 25 combinations "repeated")
-        extra = [t for n, t in fields if out.unread_features and _role(roles, n) == "other" and t.dim() > 1
-                 and t.shape[0] == len(idx)]
-        digests = Hashes.digests(inputs + extra)
+        digests = Hashes.digests(inputs)
         out.hashes.add(digests, idx)
         if against is not None:
             labels = _sample_labels(named.get(roles.target), len(idx))

@@ -358,8 +358,11 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                     rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
-            if box is None and curve.first_nonneg and nonneg_logits(span):   # real labels: the logits' own fault
-                causes.nonneg = "made" if getattr(trainer.loss_fn, "made_target", False) else "real"
+            if box is None and curve.first_nonneg and nonneg_logits(span):
+                if getattr(trainer.loss_fn, "made_target", False):
+                    causes.nonneg = "made"
+                elif span is not None and span[0] == 0.0:   # real labels: a value held at exactly 0, as a ReLU does
+                    causes.nonneg = "real"                  # (logits shifted up by a bias are no fault: a review)
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             causes.batch_floor = functools.partial(
                 batch_floor, curve.first_answers, out, trainer.loss_fn,
