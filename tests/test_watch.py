@@ -2330,6 +2330,16 @@ def test_a_training_loss_back_near_its_start_beside_a_worse_validation_loss_is_d
     assert f.severity == "warning" and "val_loss got worse with it" in f.message, f.message
 
 
+def _logged_accuracies(values: list[float]):
+    """A small classifier trained 10 steps per value of `values`, each logged as val_acc after its steps: the result."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    return _fit_logging(model, opt, x, y, 10 * len(values), 10, iter(values).__next__, "val_acc")[0]
+
+
 def test_an_accuracy_within_its_sampling_error_on_the_samples_counted_is_no_trend():
     """A sweep: val_acc on 400 samples after each of 30 epochs (below, from that run), one evaluation at 0.885 among
     ~0.865 while a 28k-sample test set improved throughout (0.854 -> 0.869): val-worsens said it got worse, and
@@ -2338,14 +2348,7 @@ def test_an_accuracy_within_its_sampling_error_on_the_samples_counted_is_no_tren
     right = [348, 343, 348, 344, 341, 349, 343, 354, 349, 347, 345, 344, 343, 346, 347, 344, 342, 342, 341, 346, 345,
              348, 347, 346, 345, 345, 346, 347, 345, 346]
     accs = [k / 400 for k in right]   # samples right of 400, as the loop logged them (0.8575 ...)
-    torch.manual_seed(0)
-    x = torch.randn(64, 8)
-    y = (x[:, 0] > 0).long()
-
-    def run(values):
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-        opt = torch.optim.SGD(model.parameters(), 0.1)
-        return _fit_logging(model, opt, x, y, 300, 10, iter(values).__next__, "val_acc")[0]
+    run = _logged_accuracies
 
     assert not [f for f in run(accs).findings if f.code == "val-worsens"]
     # 0.02 is 1.2 standard errors of an accuracy on 400 samples (its grid, k/400); 12 samples more lost (0.05, 3
@@ -2365,15 +2368,7 @@ def test_an_accuracy_within_its_sampling_error_on_the_samples_counted_is_no_tren
 def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     # the accuracy of 50 validation samples after each epoch: up to 0.98, then one sample either way (0.02 is 2% of
     # the best, past the old fixed margin); the training loss falls throughout
-    torch.manual_seed(0)
-    x = torch.randn(64, 8)
-    y = (x[:, 0] > 0).long()
-
-    def run(accs):
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-        opt = torch.optim.SGD(model.parameters(), 0.1)
-        return _fit_logging(model, opt, x, y, 90, 10, iter(accs).__next__, "val_acc")[0]
-
+    run = _logged_accuracies
     r = run([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.96, 0.98, 0.96])
     assert not [f for f in r.findings if f.code == "val-worsens"]
     # the same run whose accuracy then stays down by 6 samples is a trend, and is said
