@@ -323,7 +323,7 @@ def _refuse_clips(own, shape: str, why: str, exc: Exception | None = None) -> No
         from exc
 
 
-def _takes_image(model, x, own, ctx) -> str | None:
+def _takes_image(model, x, own) -> str | None:
     """Why a model whose own inputs are clips does not take the still image `x` (None: it does, as a frame-wise video
     model averaging a 2-D CNN's scores over frames does): its forward raises, or its scores are not (1, C) for the C
     its own input gives (a review: a 3-D scan model with a 1x1x1 head gave (5, 1) on the image, and -k 3 was told
@@ -407,7 +407,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.header.update(inputs=given.describe(), input_source=given.source)
     clip = _clip_shape(own, c) if given is None else None
     if clip is not None:
-        why = _takes_image(model, x, own, ctx)
+        why = _takes_image(model, x, own)
         if why:
             _refuse_clips(own, clip, why)
     with leave_no_trace(model):

@@ -32,7 +32,8 @@ def build(runner, analyses, suggestion, opts, ctx, interrupted: int = 0) -> Resu
     result = Result("lr-find")
     checks = [judge(Check(f, lr, losses), suggestion.tol, opts.diverge) for f, lr, losses in runner.checks]
     done = suggestion is not None and len(checks) == len(LABEL)
-    best = pick(checks, suggestion.tol, _climbs_from(runner, analyses)) if done else None
+    ceiling = _climbs_from(runner, analyses)
+    best = pick(checks, suggestion.tol, ceiling) if done else None
     _header(result, runner, opts, ctx)
     _data(result, runner, analyses, suggestion, checks, best, opts, ctx)
     _tables(result, runner, analyses, suggestion, checks, best)
@@ -45,7 +46,7 @@ def build(runner, analyses, suggestion, opts, ctx, interrupted: int = 0) -> Resu
         return result
     _curve_findings(result, runner, analyses, suggestion, opts, ctx)
     if suggestion.lr is not None:
-        _check_findings(result, suggestion, checks, best, opts, _climbs_from(runner, analyses))
+        _check_findings(result, suggestion, checks, best, opts, ceiling)
     _verdict(result, suggestion, checks, best, opts)
     if ctx.spec.optimizer.lr is not None:
         result.notes.append(f"{ctx.option('lr')} {ctx.spec.optimizer.lr:g} is not used: the range test sets the rate of every update")
