@@ -8,7 +8,7 @@ from ...errors import ExitCode
 from ...results import Result
 from .causes import floor_of, real_beyond, terms_within
 from .options import OPTIMIZER
-from .trend import CONSTANT_TIMES, PLATEAU_REL, Trend, goal_of, judge
+from .trend import CONSTANT_TIMES, MIN_STEPS, PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
 ROSE_REL = 0.1           # ... unless it rose more than 10% above it on the way: it moved, upwards
@@ -534,6 +534,8 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         goal = _reachable_goal(goal_of(yard, opts), initial, opts, out_of_range, curve)
         trend = judge(losses, goal)
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
+        if trend.kind == "short" and not found and _too_short(result, curve, opts, ctx):
+            return
         # no plateau, no cause: not a failure yet. With a cause found, a fall projected to the target within as many
         # steps again has not been stopped by it (a sweep: bfloat16 Mistral, five RMSNorm weights whose updates round
         # away, 0.0107 x initial at step 100, the target at step 108 with --steps 150)
@@ -783,6 +785,22 @@ NONNEG_REAL = ("every output value is ≥ 0, at the start and the end: as logits
 FLOOR_WAY = 0.5    # of the way from the start to the floor a made-up target's range leaves: its hint names that floor
 NONNEG_FALL = 0.1   # of its start: how far a cross-entropy over an output >= 0 must fall, every sample right, to be
                    # told the made-up classes are what holds it up
+
+
+def _too_short(result, curve, opts, ctx) -> bool:
+    """A budget under MIN_STEPS steps carries no trend: a loss still falling at its end is not-overfit-yet (a
+    warning), not cannot-overfit (a sweep: check's `overfit-batch = {steps = 10}` failed a healthy MLP at 0.05x its
+    start, every answer right, that memorises the batch at step 12)."""
+    d, losses = result.data, curve.losses
+    if len(losses) < 3 or not all(math.isfinite(v) for v in losses) or not losses[-1] < min(losses[:-1]):
+        return False
+    result.add("not-overfit-yet", "warning", "", f"the loss was still falling when the budget of {curve.step} step(s) "
+               f"ended: {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])}; fewer than {MIN_STEPS} steps carry no "
+               "trend to judge", hint=f"train longer: {ctx.option('steps')} {max(MIN_STEPS, opts.budget)} or more")
+    target = f"target {opts.target_loss:g}" if opts.target_loss is not None else f"target {opts.target_ratio:g} × initial"
+    result.verdict = (f"NOT YET: loss {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])} in {curve.step} step(s), "
+                      f"still falling; too few steps to judge ({target})")
+    return True
 
 
 def _reachable_goal(goal: float, initial, opts, out_of_range: dict | None, curve) -> float:
