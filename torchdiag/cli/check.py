@@ -19,12 +19,14 @@ EXAMPLE = """Examples:
   torchdiag check sample_models/cnn.py:build -i 8x3x32x32 --max-params 30000 --nancheck --gradflow"""
 
 
-DETAILS = """Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, checkpoint,
-strict-checkpoint) and
-[tool.torchdiag.check] (max-params, max-trainable-params, max-gmacs, max-gflops, nancheck,
-gradflow, overfit-batch, lr-find, doctor, allow, strict, max-peak-memory); several models with
-[[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
-failed checks are also printed as GitHub annotations."""
+DETAILS = """Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, dtype, amp,
+checkpoint, strict-checkpoint) and
+[tool.torchdiag.check] (max-params, max-trainable-params, min-trainable-params, max-gmacs,
+max-gflops, nancheck, gradflow, overfit-batch, lr-find, doctor, data, allow, strict,
+max-peak-memory); several models with [[tool.torchdiag.models]], each entry's `name` telling
+entries of one spec apart. No check runs unless configured (here or in the file). Options given
+here override the file. With GITHUB_ACTIONS=true, failed checks are also printed as GitHub
+annotations."""
 
 
 def register(app) -> None:
