@@ -343,7 +343,7 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 causes.final_same = causes.near_same is not None
             span = logit_range(out, trainer.loss_fn)
             box = output_box(span)
-            if box is not None and box == curve.first_box:
+            if box is not None and box == output_box(curve.first_span):
                 classes = int(primary_output(out)[0].shape[1])
                 floor = bounded_floor(classes, box)
                 needed = max(opts.target_ratio * curve.losses[0],
@@ -358,7 +358,7 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                     rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
                                       "distribution": rows, "sphere": sphere is not None}
-            if box is None and curve.first_nonneg and nonneg_logits(span):
+            if box is None and nonneg_logits(curve.first_span) and nonneg_logits(span):
                 if getattr(trainer.loss_fn, "made_target", False):
                     causes.nonneg = "made"
                 elif span is not None and span[0] == 0.0:   # real labels: a value held at exactly 0, as a ReLU does

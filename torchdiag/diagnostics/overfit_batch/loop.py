@@ -32,8 +32,6 @@ from .causes import (
     accuracy_counts,
     constant_loss,
     logit_range,
-    nonneg_logits,
-    output_box,
     same_across_samples,
     sample_tensor,
     start_bounds,
@@ -62,8 +60,7 @@ class Curve:
     interrupted: int = 0                    # 0, or the exit code of the interrupt (130 Ctrl-C, 143 SIGTERM)
     first_same: bool | None = None
     differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
-    first_box: tuple | None = None
-    first_nonneg: bool = False              # cross-entropy over an output >= 0 at step 0 (causes.nonneg_logits)
+    first_span: tuple | None = None         # cross-entropy: the logits' (lowest, highest) at step 0 (causes.logit_range)
     first_bounds: tuple | None = None       # made-up mse: the output's (lowest, highest) value at step 0
     first_answers: object = None            # cross-entropy: ambiguity.FirstGroups of step 0 (grouped when asked)
     constant: float | None = None           # made-up mse: the loss of answering every sample with the target's mean
@@ -396,8 +393,7 @@ class Trainer:
         if step == 0:
             c.first_same = same_across_samples(sample_tensor(out, self.batch.batch_size))[0]
             c.differed = not c.first_same
-            span = logit_range(out, self.loss_fn)   # one read for both
-            c.first_box, c.first_nonneg = output_box(span), nonneg_logits(span)
+            c.first_span = logit_range(out, self.loss_fn)   # one read: its box and its sign are read from it
             c.first_bounds = start_bounds(out, self.loss_fn)
             c.constant = constant_loss(out, self.loss_fn)
             c.first_answers = first_groups(out, self.loss_fn, self.batch)   # (detached values: no graph)

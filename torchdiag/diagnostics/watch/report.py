@@ -1514,15 +1514,16 @@ def _at_chance(classes: int, level: float) -> str:
 
 
 def _moving(engine) -> float | None:
-    """The median over the weight matrices of their median update/weight ratio at the reads after the first: how
-    much the updates still move the weights (None where none was read)."""
-    per = [statistics.median([v for s, v in samples if s > 1] or [v for _, v in samples])
-           for name, samples in engine.ratios.items() if samples and _matrix(engine, name)]
+    """The median over the weight matrices of their update/weight ratio (_later_ratio): how much the updates still
+    move the weights (None where none was read)."""
+    matrices = {n for t in engine.tracks.values() for n, p in zip(t.names, t.params) if p.dim() >= 2}
+    per = [_later_ratio(samples) for name, samples in engine.ratios.items() if samples and name in matrices]
     return statistics.median(per) if per else None
 
 
-def _matrix(engine, name: str) -> bool:
-    return any(p.dim() >= 2 for t in engine.tracks.values() for n, p in zip(t.names, t.params) if n == name)
+def _later_ratio(samples: list) -> float:
+    """The median update/weight ratio of the reads after the first step (all of them where there are none)."""
+    return statistics.median([v for s, v in samples if s > 1] or [v for _, v in samples])
 
 
 def _plateau_hint(growth: float | None, end: float, first: float, classes: int = 0, rose: bool = False,
@@ -2016,8 +2017,8 @@ def _layers(result: Result, engine) -> None:
             if owners[param_key(p)] is not t:
                 continue
             samples = engine.ratios.get(t.names[i], [])
-            later = [v for s, v in samples if s > 1] or [v for _, v in samples]
-            ratio = statistics.median(later) if later else None
+            later = [v for s, v in samples if s > 1] or [v for _, v in samples]   # (how many: len(later) below)
+            ratio = _later_ratio(samples) if samples else None
             rows.append({"name": t.names[i], "shape": _shape_of(p), "update_ratio": ratio,
                          "weight_norm": t.weight_norm[i] if t.weight_norm else None, "max_grad_norm": t.grad_max[i],
                          "got_grad": _got_grad(t, i),
