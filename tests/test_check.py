@@ -64,6 +64,49 @@ def test_command_line_overrides_file(cli, tmp_path, monkeypatch):
     assert res.code == 0 and res.json["checks"][0]["limit"] == "1,000,000"
 
 
+def test_a_batch_a_check_cannot_use_errs_its_rows_and_the_report_is_still_written(cli, tmp_path, monkeypatch):
+    """A check sweep: 1-based labels in the configured batch aborted the gate (exit 2, no table, no JUnit file, no
+    doctor row). Now the checks that need the target say ERROR (input error), the others run, the JUnit is written."""
+    (tmp_path / "data.py").write_text("import torch\n"
+                                      "def one_batch():\n"
+                                      "    g = torch.Generator().manual_seed(0)\n"
+                                      "    return torch.randn(8, 784, generator=g), torch.arange(8) + 3\n")
+    write(tmp_path, f'[tool.torchdiag]\nmodel = "{sample("mlp.py:build")}"\nbatch = "data.py:one_batch"\n'
+                    'device = "cpu"\n[tool.torchdiag.check]\nmax-params = "1M"\nnancheck = true\n'
+                    'overfit-batch = {steps = 5}\n')
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", "--json", "--junit", tmp_path / "r.xml")
+    assert res.code == 2, res.stderr
+    rows = {r["check"]: r for r in res.json["checks"]}
+    assert rows["max-params"]["status"] == "PASS"
+    for name in ("nancheck", "overfit-batch"):
+        assert rows[name]["status"] == "ERROR" and rows[name]["figure"] == "input error", rows[name]
+        assert "labels look 1-based" in rows[name]["message"], rows[name]
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert cases["nancheck"].find("error").get("type") == "input-error"
+    assert cases["max-params"].find("error") is None and cases["max-params"].find("failure") is None
+
+
+def test_gradflow_figure_says_what_allow_accepted_and_what_failed_it(cli, tmp_path, monkeypatch):
+    """A check sweep: parameters accepted by allow hid behind "all trainable parameters get gradients", and a
+    strict FAIL on warnings said "0 problem(s)"; overfit-batch's limit dropped the ratio beside a target-loss."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, f'[tool.torchdiag]\nmodel = "{sample("broken_unused.py:build")}"\ndevice = "cpu"\n'
+                    '[tool.torchdiag.check]\ngradflow = true\nallow = ["aux_head.*", "block.scale"]\n'
+                    'overfit-batch = {steps = 5, target-ratio = 0.05, target-loss = 0.2}\n')
+    res = cli("check", "--json")
+    rows = {r["check"]: r for r in res.json["checks"]}
+    assert rows["gradflow"]["status"] == "PASS", rows
+    assert rows["gradflow"]["figure"].startswith("5 accepted by allow"), rows["gradflow"]   # 4 aux_head tensors + scale
+    assert rows["overfit-batch"]["limit"] == "≤ 0.05 × initial or ≤ 0.2", rows["overfit-batch"]
+    write(tmp_path, f'[tool.torchdiag]\nmodel = "{sample("broken_grad_vanishing.py:build")}"\ndevice = "cpu"\n'
+                    '[tool.torchdiag.check]\ngradflow = true\nstrict = true\n')
+    res = cli("check", "--json")
+    row = res.json["checks"][0]
+    assert res.code == 1 and row["status"] == "FAIL", row
+    assert row["figure"].endswith("warning(s)") and row["message"].startswith("warnings fail under strict: vanishing-grad"), row
+
+
 def test_unknown_key_is_an_error_naming_it(cli, tmp_path, monkeypatch):
     write(tmp_path, CONFIG.format(model=sample("cnn.py:build"), max_params=30000).replace("nancheck = true", "nan-check = true"))
     monkeypatch.chdir(tmp_path)

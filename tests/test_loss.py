@@ -154,6 +154,16 @@ def test_an_ignore_label_is_named_as_one(target, ignore):
     assert ("ignore_index=255" in exc.value.hint) == ignore, exc.value.hint
 
 
+def test_one_based_labels_are_named_as_such_not_as_an_ignore_label():
+    """A check sweep: labels 1…C with C outputs (no 0 among them) were called an ignore label C."""
+    with pytest.raises(UsageError) as exc:
+        Loss("cross_entropy", target=torch.tensor([1, 2, 3, 3, 1]))(torch.randn(5, 3))
+    assert "labels look 1-based" in exc.value.hint and "ignore" not in exc.value.hint, exc.value.hint
+    with pytest.raises(UsageError) as exc:   # 0 among them: C is one value past the classes, an ignore label maybe
+        Loss("cross_entropy", target=torch.tensor([0, 2, 3, 3, 1]))(torch.randn(5, 3))
+    assert "1-based" not in exc.value.hint, exc.value.hint
+
+
 @pytest.mark.parametrize("kind,y,target,message", [
     ("auto", torch.randn(5, 3), torch.tensor([0, 1, 2, 7, 0]), "holds class 7, outside [0, 3)"),
     ("cross_entropy", torch.randn(5, 3), torch.tensor([0, -2, 1, 1, 0]), "holds class -2"),

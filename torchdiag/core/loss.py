@@ -846,9 +846,17 @@ def _check_classes(target, y, shown: tuple | None = None) -> bool:
         wrong = keep & ((target < 0) | (target >= y.shape[1]))
         raise UsageError(f"cross_entropy: the target holds class {lo if lo < 0 else hi}, outside [0, {y.shape[1]}) "
                          f"for an output of shape {shown or tuple(y.shape)}",
-                         hint=ignore_label_hint(target[wrong].unique().tolist(), bool((keep & ~wrong).any()))
-                         or "the model's class dimension (dim 1) must cover every target class")
+                         hint=target_range_hint(lo, hi, y.shape[1], target[wrong].unique().tolist(),
+                                                bool((keep & ~wrong).any())))
     return True
+
+
+def target_range_hint(lo: int, hi: int, classes: int, outside: list[int], others: bool) -> str:
+    """What a target outside [0, C) most likely is: 1-based labels (1…C, none 0: a review saw C called an ignore
+    label), else an ignore label, else a head too small."""
+    if lo >= 1 and hi == classes:
+        return f"labels look 1-based (the largest is {hi}, one past the last class): subtract 1"
+    return ignore_label_hint(outside, others) or f"make labels 0…{classes - 1}, or give the last layer {hi + 1} outputs"
 
 
 def ignore_label_hint(outside: list[int], others: bool) -> str:

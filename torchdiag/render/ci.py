@@ -15,6 +15,10 @@ def _xml(text) -> str:
 
 
 
+def _error_type(row) -> str:
+    return "input-error" if row["figure"] == "input error" else "model-error"   # exit 2 or exit 3
+
+
 def write_junit(result, path, option: str = "--junit") -> Path:
     rows = result.table("checks").rows
     suites = ET.Element("testsuites", name="torchdiag check", tests=str(len(rows)),
@@ -35,7 +39,7 @@ def write_junit(result, path, option: str = "--junit") -> Path:
             if r["status"] == "FAIL":
                 ET.SubElement(case, "failure", message=_xml(r["message"] or "failed"), type=r["check"]).text = text
             elif r["status"] == "ERROR":
-                ET.SubElement(case, "error", message=_xml(r["message"] or "error"), type="model-error").text = text
+                ET.SubElement(case, "error", message=_xml(r["message"] or "error"), type=_error_type(r)).text = text
             elif r["status"] == "INTERRUPTED":  # neither passed nor failed: it did not finish
                 ET.SubElement(case, "skipped", message=_xml(r["message"] or "interrupted")).text = text
             else:

@@ -56,7 +56,7 @@ class CheckOutcome:
     limit: str
     message: str = ""
     seconds: float = 0.0
-    code: int = 0                # exit code this outcome implies (0, 1, 3, 130)
+    code: int = 0                # exit code this outcome implies (0, 1, 2, 3, 130)
 
 
 def _unknown(keys, allowed, where: str):
@@ -387,6 +387,10 @@ def _first_error(result, allow=()) -> str:
     return f"{f.code} {f.where}: {f.message}{more}"
 
 
+def _said(exc: DiagError) -> str:
+    return f"{exc.message} (hint: {exc.hint})" if exc.hint else exc.message
+
+
 class _Interrupted(Exception):
     """Ctrl-C or SIGTERM while a check ran: that check is recorded as interrupted and check stops."""
 
@@ -408,10 +412,9 @@ class _Recorder:
                                               "interrupted before it finished", time.perf_counter() - t0,
                                               int(interrupt_code(exc))))
             raise _Interrupted() from None
-        except DiagError as exc:
-            if exc.code == ExitCode.USAGE:
-                raise
-            passed, figure, message, code = None, "error", exc.message, int(exc.code)
+        except DiagError as exc:   # a batch the check cannot use (exit 2) errs this check, not the gate's report
+            code = int(exc.code)
+            passed, figure, message = None, "input error" if code == ExitCode.USAGE else "error", _said(exc)
         self.outcomes.append(CheckOutcome(self.model_name, check, passed, figure, limit, message,
                                           time.perf_counter() - t0, code))
 
@@ -527,13 +530,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
     if c.get("gradflow"):
         def grads():
             r = invoke(gradflow, model, inputs, gradflow.Options(allow=allow, strict=bool(c.get("strict", False))), ctx)
-            bad = _first_error(r) or ("" if r.exit_code == 0 else "warnings fail under strict")
-            n = len([f for f in r.findings if f.severity == "error"])
-            quiet = sum(1 for f in r.findings if f.code == "not-reached")
-            frozen = sum(row["numel"] for row in r.table("params").rows if row.get("status") == "frozen")
-            good = ("all trainable parameters get gradients" + (f", {frozen:,} values frozen" if frozen else "")
-                    + (" (some not reached by the default inputs)" if quiet else ""))
-            return not bad, (good if not bad else f"{n} problem(s)"), bad
+            return _gradflow_verdict(r)
         record("gradflow", grads, f"allow {allow}" if allow else "")
     if c.get("overfit-batch", False) is not False:
         opts, spec = c["_overfit-batch"]
@@ -563,8 +560,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
                 return ok, figure + " (still falling)", f"{later.code}: {later.message}"
             why = next((f for f in r.findings if f.code == "optimizer-cannot-fit"), None)   # what to change
             return False, figure, (bad or "cannot overfit") + (f"; {why.code}: {why.message}" if why else "")
-        limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
-        record("overfit-batch", overfit, limit)
+        record("overfit-batch", overfit, _overfit_limit(opts))
     if c.get("lr-find", False) is not False:   # {} runs with the defaults
         _lr_find_check(c["_lr-find"], model, inputs, ctx, record)
     if c.get("doctor"):
@@ -605,6 +601,26 @@ def _data_check(dc: DataCheck, model, ctx, record, strict: bool) -> None:
     record("data", run_data, dc.spec + (f" + {dc.val}" if dc.val else ""))
 
 
+def _gradflow_verdict(r) -> tuple[bool, str, str]:
+    """(passed, figure, why not) of gradflow's run: the figure counts what failed it (errors, or warnings under
+    strict) and says what allow accepted (a sweep: "0 problem(s)" beside FAIL under strict, and accepted
+    parameters hidden behind "all trainable parameters get gradients")."""
+    errors = [f for f in r.findings if f.severity == "error"]
+    warned = [f for f in r.findings if f.severity == "warning"]
+    bad = _first_error(r) or ("" if r.exit_code == 0 else
+                              f"warnings fail under strict: {warned[0].code}: {warned[0].message}" if warned else "failed")
+    if bad:
+        return False, f"{len(errors)} error finding(s)" if errors else f"{len(warned)} warning(s)", bad
+    rows = r.table("params").rows
+    frozen = sum(row["numel"] for row in rows if row.get("status") == "frozen")
+    accepted = sum(1 for row in rows if row.get("allowed")) + sum(
+        1 for f in r.findings if f.severity == "info" and f.code in ("dead-units", "saturated") and "(accepted by" in f.message)
+    quiet = any(f.code == "not-reached" for f in r.findings)
+    good = f"{accepted} accepted by allow, the others get gradients" if accepted else "all trainable parameters get gradients"
+    return True, (good + (f", {frozen:,} values frozen" if frozen else "")
+                  + (" (some not reached by the default inputs)" if quiet else "")), ""
+
+
 def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
     """(passed, the figure, why not) of a result judged by its findings: an error fails; under strict a warning
     too (a sweep: bfloat16's update-rounds-away read clean under doctor; raw 0-255 pixels read `clean` under data)."""
@@ -622,6 +638,15 @@ def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
 _PASSED_ABOVE = {"made-target-out-of-range": "at the floor its output's range allows",
                  "bounded-output": "at the floor its output's range allows",
                  "other-outputs-unfitted": "memorised on one output"}
+
+
+def _overfit_limit(opts) -> str:
+    """Either limit passes (loop.reached); a target below 0 judges alone (a sweep: the ratio went unsaid beside a
+    target-loss, and a loss under the ratio passed against "≤ 0.1")."""
+    ratio = f"≤ {opts.target_ratio:g} × initial"
+    if opts.target_loss is None:
+        return ratio
+    return f"≤ {opts.target_loss:g}" if opts.target_loss < 0 else f"{ratio} or ≤ {opts.target_loss:g}"
 
 
 def _passed_above(r, opts, figure: str) -> tuple[str, str]:
@@ -682,7 +707,8 @@ def run(models: list[ModelConfig], source: str) -> Result:
     result.data.update({"passed": n_fail == 0, "failed": n_fail, "total": len(outcomes)})
     codes = {o.code for o in outcomes}
     interrupted = bool(codes & INTERRUPTS)
-    result.code = max(codes & INTERRUPTS) if interrupted else 3 if 3 in codes else None
+    result.code = (max(codes & INTERRUPTS) if interrupted else 3 if 3 in codes else
+                   int(ExitCode.USAGE) if ExitCode.USAGE in codes else None)
     result.data["interrupted"] = interrupted
     result.verdict = (f"INTERRUPTED: {outcomes[-1].check} did not finish; {len(outcomes) - 1} check(s) ran before it"
                       if interrupted else f"PASS: {len(outcomes)} check(s) passed" if n_fail == 0 else

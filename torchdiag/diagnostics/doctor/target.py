@@ -10,7 +10,7 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
     """True when the class targets cannot be used with this output (training then uses random targets)."""
     import torch
 
-    from ...core.loss import ignore_label_hint, primary_output
+    from ...core.loss import primary_output, target_range_hint
 
     if target is None and _own_loss(eval_out):   # a sweep: "random valid ones used" beside the batch's labels
         ck.row("target", "ok", "the model computes its own loss (output['loss'], from the labels it was given)")
@@ -53,12 +53,10 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
     outside = (valid < 0) | (valid >= classes)
     bad = int(outside.sum())
     if bad:
-        ignore = ignore_label_hint(valid[outside].unique().tolist(), bad < valid.numel())
         ck.find("target", "target-out-of-range", "error", picked,
                 f"class targets span [{lo}, {hi}] but {picked} has {classes} classes (valid 0…{classes - 1}); "
                 f"{bad:,} of {valid.numel():,} targets are out of range",
-                (f"labels look 1-based (the largest is {hi}, one past the last class): subtract 1" if lo >= 1 and hi == classes else
-                 ignore or f"make labels 0…{classes - 1}, or give the last layer {hi + 1} outputs"),
+                target_range_hint(lo, hi, classes, valid[outside].unique().tolist(), bad < valid.numel()),
                 verdict=f"targets reach {hi} but the output has {classes} classes" if hi >= classes
                 else f"negative targets ({lo})")
         return True
