@@ -8851,6 +8851,31 @@ def test_a_plateau_at_chance_says_the_labels_may_not_match_the_inputs(labels):
     assert f.severity == "info" and chance == (labels == "shuffled"), f.hint
 
 
+@pytest.mark.parametrize("lr", [1e-7, 1e-3])
+def test_a_plateau_at_chance_whose_weights_barely_moved_is_a_rate_too_small(lr):
+    """A sweep: Adam at lr 1e-7 on digits (updates 6e-7 of the weights a step, the loss at chance for 570 steps) passed
+    with an info. Where no weight matrix can have moved 1% of its norm over the run and the loss sits at chance, the
+    run learned nothing and the rate is named; the same run at 1e-3 learns, and nothing is said."""
+    torch.manual_seed(0)
+    centres, y = torch.randn(4, 20) * 2, torch.arange(512) % 4
+    x = centres[y] + torch.randn(512, 20)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    with Watch(every=20) as w:
+        for _ in range(10):
+            for i in range(0, 512, 32):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+                loss.backward()
+                opt.step()
+    r = w.result()
+    if lr > 1e-5:
+        assert loss.item() < 0.1 and not codes(r), r.findings
+        return
+    f = finding(r, "loss-plateau")
+    assert f.severity == "warning" and "barely moved" in f.message and "too small to learn" in f.hint, f.to_dict()
+
+
 def test_a_run_whose_loss_ends_at_exactly_0_after_blowing_up_is_read():
     """A review: Adam at lr 3 on an MLP, the loss 1.4 -> 1e5 -> exactly 0 (its running median 0 at the end, the weights
     grown 200x): a math domain error raised inside the user's `with` block."""

@@ -1068,7 +1068,8 @@ def _curves(result: Result, engine) -> None:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),
                         _weight_growth(engine, floored=True), _weight_growth(engine),
-                        engine.small_batches, engine.batch_size, _classes(engine, parts), _moving(engine))
+                        engine.small_batches, engine.batch_size, _classes(engine, parts), _moving(engine),
+                        _fastest(engine))
             _lr_collapse(result, part, lr_at, of,
                          lambda first, last: engine.schedulers.each_step(first, last, engine.clock_at(last)))
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
@@ -1394,7 +1395,7 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
                 unscaled: str = "", growth: float | None = None, raw_growth: float | None = None,
                 small: dict | None = None, batch: int | None = None, classes: int = 0,
-                moving: float | None = None) -> None:
+                moving: float | None = None, fastest: float | None = None) -> None:
     """`growth`: the weights' norm over the run beyond a standard init's scale (_weight_growth floored); `raw_growth`:
     over their first norm; `classes`: the class count of a loss that is a cross-entropy (_classes), else 0."""
     values = [v for _, v in pairs]
@@ -1470,7 +1471,16 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         # never learned (GPT-2 at lr 0.1 stayed at chance): "converged" would mislead. Where it started is the first
         # window's median and the first 3 losses' (a run that fell within the first window fell: a review)
         start = statistics.median(values[:3])
-        if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
+        still = _barely_moved(fastest, pairs[-1][0])
+        if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start) and still and classes >= 2 \
+                and med[-1] >= CHANCE[0] * math.log(classes):   # at chance or above it: knows nothing of the inputs
+            result.add("loss-plateau", "warning", "", f"the loss never fell below where it started (running median "
+                       f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}), no better "
+                       f"than chance (ln {classes} = {math.log(classes):.4g}), while the weights barely moved: {still}{of}",
+                       unscaled + f"a learning rate too small to learn (it ended at {lr_at.get(pairs[-1][0], float('nan')):.3g}): "
+                       "raise it (torchdiag lr-find suggests one); at a rate of the usual size, a gradient too small "
+                       "to move the weights (torchdiag gradflow)")
+        elif initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
             result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "
                        f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
                        unscaled + _at_chance(classes, med[-1]) + "if it should learn: a learning rate too high (weights that grew many times "
@@ -1519,6 +1529,26 @@ def _moving(engine) -> float | None:
     matrices = {n for t in engine.tracks.values() for n, p in zip(t.names, t.params) if p.dim() >= 2}
     per = [_later_ratio(samples) for name, samples in engine.ratios.items() if samples and name in matrices]
     return statistics.median(per) if per else None
+
+
+def _fastest(engine) -> float | None:
+    """The largest update/weight ratio any weight matrix had at any read (None where none was read)."""
+    matrices = {n for t in engine.tracks.values() for n, p in zip(t.names, t.params) if p.dim() >= 2}
+    per = [v for name, samples in engine.ratios.items() if name in matrices for _, v in samples]
+    return max(per) if per else None
+
+
+MOVED_LITTLE = 0.01   # of its norm, the most a weight matrix could have moved over the whole run: it learned nothing
+
+
+def _barely_moved(fastest: float | None, steps: int) -> str:
+    """Where even the fastest weight matrix, at its fastest read's pace every step, moves under MOVED_LITTLE of its
+    norm over the run, the words that say so; else "". A sweep: Adam at lr 1e-7 on digits, updates 6e-7 of the
+    weights a step, the loss at chance for 570 steps, passed with an info."""
+    if fastest is None or steps < 1 or fastest * steps >= MOVED_LITTLE:
+        return ""
+    return (f"no weight matrix moved more than {fastest:.2g} of its norm in a step at any read, {fastest * steps:.2%} "
+            f"at most over the {steps} steps")
 
 
 def _later_ratio(samples: list) -> float:
