@@ -380,6 +380,30 @@ def test_head_not_in_optimizer():
     assert "2 parameter tensors (head.weight, head.bias)" in f.message and "add_param_group" in f.hint
 
 
+@pytest.mark.parametrize("steps", [1, 60])
+def test_a_generator_whose_optimizer_never_stepped_is_not_said_to_be_in_none(steps):
+    """A sweep: a GAN script that failed after the critic's first step, before its generator's Adam first stepped,
+    was told the generator "is in no optimizer's param groups" (it was in one: no hook had seen it). Now: held by an
+    optimizer that never stepped; info over a run this short, a warning over 50 steps or more (its step() forgotten)."""
+    torch.manual_seed(0)
+    gen, critic = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), nn.Sequential(nn.Linear(2, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), lr=1e-3), torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with Watch(every=20) as w:
+        for _ in range(steps):
+            fake = gen(torch.randn(16, 4))
+            opt_d.zero_grad()
+            (critic(fake.detach()).mean() - critic(torch.randn(16, 2)).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-critic(fake).mean()).backward()   # opt_g.step() forgotten (or the run ends before it)
+    r = w.result()
+    (f,) = [f for f in r.findings if f.code == "not-in-optimizer"]
+    assert "held only by an optimizer that never stepped" in f.message and "in no optimizer" not in f.message, f.to_dict()
+    assert f.severity == ("warning" if steps >= 50 else "info") and set(f.members) == {
+        f"{f.where}.{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}, f.to_dict()
+    assert opt_g.param_groups   # alive to the end, as in the user's script
+
+
 def test_missing_zero_grad_is_an_error_unless_accumulating_on_purpose():
     r = script("watch_no_zero_grad")
     assert codes(r) == {"grad-carried-over"} and r.exit_code == ExitCode.CHECK_FAILED

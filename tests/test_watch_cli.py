@@ -152,6 +152,29 @@ def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_
     assert r.code == 3 and 'raise RuntimeError(f"data loader lost its shard at step {step}")' in r.stderr   # its own
 
 
+def test_an_interrupt_the_scripts_trainer_caught_and_exited_on_is_an_interrupt(cli, tmp_path, monkeypatch):
+    """A sweep: Lightning's fit catches KeyboardInterrupt, shuts down and calls sys.exit(1); under watch that was
+    "the script failed: the script exited with status 1", exit 3. A plain sys.exit(1) stays a failure."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch\n"
+                      "model = torch.nn.Linear(4, 2)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for _ in range(10):\n"
+                      "    opt.zero_grad()\n"
+                      "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+                      "    opt.step()\n"
+                      "try:\n"
+                      "    raise KeyboardInterrupt\n"
+                      "except KeyboardInterrupt:\n"
+                      "    sys.exit(1) if 'caught' in sys.argv else None\n"
+                      "sys.exit(1)\n")
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--every", "5", "--", "python", script, "caught")
+    assert r.code == 130 and "INTERRUPTED after 10 step(s)" in r.stdout, (r.code, r.stdout, r.stderr)
+    r = cli("watch", "--every", "5", "--", "python", script)
+    assert r.code == 3 and "the script exited with status 1" in r.stderr, (r.code, r.stderr)
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -159,7 +159,7 @@ class Engine:
                        "eval_left": {}, "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "dropout_high": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
-                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}}
+                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}, "idle_optimizer": {}}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
@@ -2145,9 +2145,13 @@ class Engine:
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in held:
                     self._saw_unowned(prefix + name, p, root)
+        idle = _held_by_any_optimizer() - held if any(pid not in held for _, pid in self._unowned.values()) else set()
         moved = self._moved_unowned()
         for key, (step, pid) in self._unowned.items():
             if pid in held:
+                continue
+            if pid in idle:   # in an optimizer that never stepped: not "in none" (report._idle_optimizer)
+                self.checks["idle_optimizer"].setdefault(key, step)
                 continue
             if pid in moved and pid not in was:   # changed with no optimizer: updated by hand (a sweep's temperature)
                 self.checks["updated_by_hand"].append(key)
@@ -2202,6 +2206,23 @@ _AFTER_NOTES = [   # a step(closure) read after its update: the closure not call
     "an optimizer.step(closure) that evaluated its closure several times (LBFGS: several updates in one step): read "
     "after each step from its second on, with no update/weight ratio and no replay",
 ]
+
+
+def _held_by_any_optimizer() -> set[int]:
+    """id() of every parameter some live optimizer holds, stepped or not: one that never stepped is known to no hook
+    (a sweep: a GAN script that failed after the critic's first step, its generator's Adam built but not yet
+    stepped, was told the generator is in no optimizer). One pass over the collector's objects, at the end only,
+    and only where a parameter would otherwise be said to be in none."""
+    import gc
+
+    from torch.optim import Optimizer
+
+    kinds, todo = set(), [Optimizer]   # type() against the subclasses: isinstance reads __class__, which a lazy
+    while todo:                        # module's proxy answers with a warning or an import (and costs 4x)
+        kinds.add(todo[-1])
+        todo.extend(todo.pop().__subclasses__())
+    return {id(p) for o in gc.get_objects() if type(o) in kinds
+            for g in getattr(o, "param_groups", ()) for p in g.get("params", ())}
 
 
 def _wrap_closure(args, kwargs, done, calls: list) -> tuple:

@@ -284,6 +284,27 @@ def _its_steps(t, engine) -> str:
     return f"{engine.step} steps" if t.stepped >= engine.step else f"its {t.stepped} steps of the run's {engine.step}"
 
 
+IDLE_STEPS = 50   # the run's steps, at least, for an optimizer that never stepped to be said to leave its parameters untrained
+
+
+def _idle_optimizer(result: Result, engine) -> None:
+    """Parameters with a gradient held only by an optimizer that never stepped: a warning over IDLE_STEPS steps or
+    more, else info (a run that stopped early, a smoke test of 4 steps whose generator steps every 5th)."""
+    idle = engine.checks["idle_optimizer"]
+    if not idle:
+        return
+    names, one = list(idle), len(idle) == 1
+    what = names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
+    long = engine.step >= IDLE_STEPS
+    result.add("not-in-optimizer", "warning" if long else "info", names[0] if one else common_path(names),
+               f"{what} {'gets a gradient' if one else 'get gradients'} (first seen at the read of step "
+               f"{min(idle.values())}) and {'is' if one else 'are'} held only by an optimizer that never stepped in "
+               f"the {engine.step} step(s) watched" + (": never trained" if long else
+                                                         " (a run this short may have ended before its first step)"),
+               f"call that optimizer's step() after the backward that gives {engine.model_word(names[0])} its gradient",
+               members=names if not one else None)
+
+
 def _wiring(result: Result, engine) -> None:
     whole = engine.checks.get("model_not_in_optimizer", {})
     for model, names in whole.items():
@@ -326,6 +347,7 @@ def _wiring(result: Result, engine) -> None:
                    f"if {'it is' if one else 'they are'} meant to train, pass {'it' if one else 'them'} to the optimizer",
                    members=probe if not one else None)
         covered |= set(probe)
+    _idle_optimizer(result, engine)
     groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
     for name in engine.checks["not_in_optimizer"]:
         if name not in covered:

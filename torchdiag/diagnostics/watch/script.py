@@ -3,7 +3,7 @@
 The script sees what it would see run directly: its own sys.argv, `__name__ == "__main__"`, its folder
 first on sys.path (the module's for -m), the caller's working directory, stdin and stdout. Its exception
 is a ModelError (exit 3) carrying the report so far; Ctrl-C/SIGTERM keep the partial report (exit
-130/143); a run with no optimizer step is a UsageError (exit 2)."""
+130/143), also where the script's trainer caught it and exited (Lightning's sys.exit(1)); a run with no optimizer step is a UsageError (exit 2)."""
 from __future__ import annotations
 
 import os
@@ -85,6 +85,9 @@ def run_command(argv, watch) -> object:
                 else:
                     kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
             except SystemExit as exc:
+                behind = _interrupt_behind(exc)
+                if behind is not None:   # a trainer's own Ctrl-C handling ends in sys.exit(1) (Lightning's fit)
+                    raise behind from None
                 if exc.code not in (None, 0):   # sys.exit("message") exits 1 after printing the message
                     what = (f"status {int(exc.code)}" if isinstance(exc.code, int)   # True is 1, as Python exits
                             else f"the message {str(exc.code)!r}")
@@ -113,6 +116,17 @@ def run_command(argv, watch) -> object:
 
         raise no_step(watch.engine, "watch: ")
     return result
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) a SystemExit was raised while handling, if any: Lightning catches KeyboardInterrupt,
+    shuts down and calls sys.exit(1) (a sweep: an interrupted Trainer.fit under watch was "the script failed", exit 3)."""
+    seen = exc.__context__
+    for _ in range(16):   # a chain, not a cycle: bounded anyway
+        if seen is None or isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 def _where(exc, steps: int = 1, here: str | None = None) -> str:
