@@ -404,6 +404,35 @@ def test_a_generator_whose_optimizer_never_stepped_is_not_said_to_be_in_none(ste
     assert opt_g.param_groups   # alive to the end, as in the user's script
 
 
+@pytest.mark.parametrize("bug", [True, False])
+def test_a_stage_whose_optimizer_left_out_the_head_is_said_though_a_later_one_holds_it(bug):
+    """A sweep: stage 2 re-created the optimizer over the trunk alone (the head's gradients unapplied for its 200
+    steps), and stage 3's optimizer took the head: the end's check saw it held, and nothing was said."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 10)
+    y = torch.sin(x[:, :3].sum(1, keepdim=True))
+    model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    def train(opt, n):
+        for i in range(n):
+            rows = slice(32 * (i % 8), 32 * (i % 8) + 32)
+            opt.zero_grad()
+            F.mse_loss(model(x[rows]), y[rows]).backward()
+            opt.step()
+
+    with Watch(every=20) as w:
+        train(torch.optim.Adam(model.parameters(), lr=1e-2), 60)
+        train(torch.optim.Adam(model[0].parameters() if bug else model.parameters(), lr=1e-3), 60)
+        model[0].requires_grad_(False)
+        train(torch.optim.SGD(model[2].parameters(), lr=1e-2), 60)
+    found = [f for f in w.result().findings if f.code == "not-in-optimizer"]
+    if not bug:
+        assert not found, [f.to_dict() for f in found]
+        return
+    (f,) = found
+    assert f.severity == "info" and set(f.members) == {"2.weight", "2.bias"} and "were lost" in f.message, f.to_dict()
+
+
 def test_missing_zero_grad_is_an_error_unless_accumulating_on_purpose():
     r = script("watch_no_zero_grad")
     assert codes(r) == {"grad-carried-over"} and r.exit_code == ExitCode.CHECK_FAILED

@@ -159,7 +159,7 @@ class Engine:
                        "eval_left": {}, "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "dropout_high": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
-                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}, "idle_optimizer": {}}
+                       "orphaned": set(), "eval_unreached": {}, "val_in_train": {}, "bn_kept": {}, "idle_optimizer": {}, "unheld": {}, "held_late": {}}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
@@ -194,6 +194,7 @@ class Engine:
         self._model_ids_key: tuple = ()
         self._model_ids_cache: set[int] = set()
         self._unowned_sums: dict[int, tuple] = {}   # id -> (weakref, its sum when first seen unowned)
+        self._unheld_seen: set[str] = set()          # unowned names already looked for in every live optimizer
         self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (first read step, id) of one with a
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
@@ -696,8 +697,9 @@ class Engine:
         self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
         self.checks["eval_top"] = {ren(k): ren(v) for k, v in self.checks["eval_top"].items()}
         for key in ("eval_modules", "eval_frozen", "eval_left", "eval_fed", "eval_unfed", "eval_region",
-                    "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
+                    "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite", "unheld"):
             self.checks[key] = rekey(self.checks[key])
+        self._unheld_seen = {ren(k) for k in self._unheld_seen}
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self.checks["dead_regrouped"] = {ren(k) for k in self.checks["dead_regrouped"]}
         self.checks["dropout_high"] = {k: [(ren(n), p) for n, p in v] for k, v in self.checks["dropout_high"].items()}
@@ -1731,6 +1733,7 @@ class Engine:
                         self.checks["unowned_eval"].setdefault(prefix + name, prefix + owner)
                         asked.append(owner)
             self._eval_regions(inner(root), prefix, asked, in_eval, in_opt | self.doubles.held)   # (+ not given)
+        self._unheld_now()
         self._queue_bn_stats(sensitive[1])
         if self.on_histograms is not None:
             named = [(self.root_prefix(root) + n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
@@ -2116,6 +2119,20 @@ class Engine:
             with torch.no_grad():
                 self._unowned_sums[id(p)] = (weakref.ref(p), p.detach().float().sum())
 
+    def _unheld_now(self) -> None:
+        """Parameters first seen unowned at this read that no live optimizer holds, stepped or not (one pass over the
+        collector's objects, at a read that saw new ones only): their gradients of now are lost. One an optimizer
+        holds by the end was taken later (report: info; a sweep's stage-2 optimizer over the trunk alone left the
+        head's gradients unapplied for 200 steps, and a stage-3 one took it: nothing was said)."""
+        new = [(key, pid) for key, (_, pid) in self._unowned.items() if key not in self._unheld_seen]
+        if not new:
+            return
+        self._unheld_seen.update(key for key, _ in new)
+        alive = _held_by_any_optimizer()
+        for key, pid in new:
+            if pid not in alive:
+                self.checks["unheld"].setdefault(key, self.step)
+
     def _moved_unowned(self) -> set[int]:
         """id() of the unowned parameters whose values changed since first seen (one read for them all)."""
         import torch
@@ -2149,6 +2166,8 @@ class Engine:
         moved = self._moved_unowned()
         for key, (step, pid) in self._unowned.items():
             if pid in held:
+                if key in self.checks["unheld"]:   # in no live optimizer at a read, in one by the end: taken later
+                    self.checks["held_late"][key] = self.checks["unheld"][key]
                 continue
             if pid in idle:   # in an optimizer that never stepped: not "in none" (report._idle_optimizer)
                 self.checks["idle_optimizer"].setdefault(key, step)

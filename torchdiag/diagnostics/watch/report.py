@@ -305,6 +305,23 @@ def _idle_optimizer(result: Result, engine) -> None:
                members=names if not one else None)
 
 
+def _held_late(result: Result, engine) -> None:
+    """Parameters that got gradients at a read while no live optimizer held them, and that an optimizer holds by the
+    end: those steps' gradients were lost. Info: a part meant to train later looks the same as a stage's optimizer
+    built over too little."""
+    late = engine.checks["held_late"]
+    if not late:
+        return
+    names, one = list(late), len(late) == 1
+    what = names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
+    result.add("not-in-optimizer", "info", names[0] if one else common_path(names),
+               f"{what} {'got a gradient' if one else 'got gradients'} at the read of step {min(late.values())} while no "
+               f"optimizer held {'it' if one else 'them'}, and an optimizer built or grown later holds "
+               f"{'it' if one else 'them'} at the end: the updates of the steps between were lost",
+               "if an optimizer of that stretch was meant to hold them, pass them to it; if they were meant to wait, "
+               "requires_grad_(False) until then saves their backward", members=names if not one else None)
+
+
 def _wiring(result: Result, engine) -> None:
     whole = engine.checks.get("model_not_in_optimizer", {})
     for model, names in whole.items():
@@ -348,6 +365,7 @@ def _wiring(result: Result, engine) -> None:
                    members=probe if not one else None)
         covered |= set(probe)
     _idle_optimizer(result, engine)
+    _held_late(result, engine)
     groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
     for name in engine.checks["not_in_optimizer"]:
         if name not in covered:
