@@ -74,6 +74,17 @@ def test_cli_labels_from_batch_function(cli, tmp_path):
     assert (top < 100).sum() > 200
 
 
+def test_json_keys_are_there_with_one_sample_and_without_labels(cli, tmp_path):
+    """A sweep: a batch of one with a label left `nearest_neighbour_same_label` and `classes` out of the JSON (the
+    docs list them, null where not measured): a reader's KeyError."""
+    (tmp_path / "data.py").write_text(BATCH + "\ndef one():\n    x, y = batch()\n    return x[:1], y[:1]\n")
+    doc = cli("embeddings", CNN, "--layer", "features", "--batch", f"{tmp_path}/data.py:one", "--tb", tmp_path / "tb",
+              "--json").json
+    assert doc["nearest_neighbour_same_label"] is None and doc["classes"] == 1, doc
+    doc = cli("embeddings", CNN, "--layer", "features", "-i", "2x3x32x32", "--tb", tmp_path / "tb2", "--json").json
+    assert doc["nearest_neighbour_same_label"] is None and doc["classes"] is None and doc["labels"] is False, doc
+
+
 def test_nearest_neighbour_agreement_closed_form():
     import torch
 

@@ -351,7 +351,9 @@ def test_a_call_inside_a_reentrant_checkpoint_is_read_from_its_recompute(more):
     build = _CheckpointedGate if more is None else (lambda: _CheckpointedGateAndMore(more))
     got = _cancellations(build(), x, ["gain.scale"])["gain.scale"]
     assert len(got.parts) == 2 and not got.cancelled(), got
-    res = run("gradflow", build(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    # SGD: under Adam a gradient of 1.4e-8 against eps 1e-8 is stepped like the rest on some CPUs (`adaptive-step`,
+    # a new machine's float32 rounding), which is not what this asks
+    res = run("gradflow", build(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True, optimizer="sgd", lr=0.1)
     assert _row(res, "gain.scale")["status"] == "vanishing-grad" and res.exit_code == 1, _row(res, "gain.scale")
 
 

@@ -417,3 +417,23 @@ def test_a_folder_option_given_a_fifo_says_what_it_is(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="is a file, not a folder"):
         check_dir(tmp_path / "f", "--tb")
+
+
+def test_a_dangling_link_on_a_folders_way_is_named_as_one(tmp_path):
+    """A sweep: --tb on a link to a missing folder said "…/embeddings is a file, not a folder"."""
+    (tmp_path / "dl").symlink_to(tmp_path / "missing" / "x")
+    for path in (tmp_path / "dl", tmp_path / "dl" / "summary"):
+        with pytest.raises(UsageError) as exc:
+            check_dir(path, "--tb")
+        assert f"{tmp_path / 'dl'} is a link to {tmp_path / 'missing' / 'x'}, which does not exist" in exc.value.message
+
+
+def test_profile_trace_takes_json_only_and_steps_are_bounded(cli, tmp_path):
+    """A sweep: --trace model.py replaced the file with a trace (exit 0); --active 1e11 grew to 11 GB."""
+    keep = tmp_path / "model.py"
+    keep.write_text("PRECIOUS")
+    r = cli("profile", sample("mlp.py:build"), "--device", "cpu", "--trace", keep)
+    assert r.code == 2 and "unsupported file type '.py'" in r.stderr and keep.read_text() == "PRECIOUS", r.stderr
+    r = cli("profile", sample("mlp.py:build"), "--device", "cpu", "--active", "100000000000")
+    assert r.code == 2 and "must be ≤ 10000" in r.stderr, r.stderr
+    _one_error_line(r)

@@ -70,7 +70,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("dtype", ("--dtype",), "Cast parameters and float inputs to this dtype (pure reduced precision).",
               metavar="float32|bfloat16|float16", group="precision", python=True, config=True),
     RunOption("amp", ("--amp",), "Mixed precision: float32 weights, ops under torch.autocast in this dtype (fp16 "
-              "with a GradScaler where a step runs).", metavar="bf16|fp16", group="precision", python=True,
+              "with a GradScaler where a step runs); auto: bf16 on the CPU, fp16 on CUDA; none: off.",
+              metavar="bf16|fp16|auto|none", group="precision", python=True,
               config=True),
     RunOption("wrap", ("--wrap",), "Under torchrun: wrap the model in DistributedDataParallel or FSDP (fully_shard) "
               "on each rank.", default="none", metavar="none|ddp|fsdp", group="ranks"),

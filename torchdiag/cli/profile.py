@@ -50,11 +50,10 @@ OWN = {"mode": (Mode, None), "wait": (Wait, 1), "warmup": (Warmup, 2), "active":
 
 def run(o) -> None:
     from ..diagnostics import profile as diag
-    from ..render.output import check_file
     from ..render.profile import record
 
     job = c.job("profile", o, optimizer=dict(name=o.optimizer), outputs={"trace": o.trace, "tb_trace": o.tb},
-                precheck=lambda: check_file(o.trace, "--trace"), options=lambda: diag.Options(
+                precheck=lambda: _check_trace(o.trace), options=lambda: diag.Options(
                     mode=o.mode, wait=o.wait, warmup=o.warmup, active=o.active, top=o.top, record_shapes=o.record_shapes,
                     memory=o.memory, trace=o.trace is not None or o.tb is not None, depth=o.depth, syncs=o.syncs))
     c.execute(job, render_extra=record)
@@ -62,3 +61,12 @@ def run(o) -> None:
 
 def register(app) -> None:
     c.register(app, "profile", run, OWN, DETAILS, EXAMPLE)
+
+
+def _check_trace(path) -> None:
+    """FILE.json or FILE.json.gz (gzipped, as torch.profiler does), nothing else: a sweep's --trace model.py replaced
+    the file with a trace."""
+    from ..render.output import check_file
+
+    gz = path is not None and str(path).lower().endswith(".json.gz")
+    check_file(path, "--trace", (".gz",) if gz else (".json", ".json.gz"))

@@ -155,9 +155,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     result.data.update({"layer_output_shape": list(raw.shape), "reduction": how, "samples": n, "dim": d,
                         "labels": labels is not None, "mean_norm": float(norms.mean()),
                         "finite": finite})
-    if labels is not None and n > 1:
-        result.data["nearest_neighbour_same_label"] = nn_agreement(x, labels)
-        result.data["classes"] = len(set(labels))
+    # always present (null where not measured: no labels, or one sample with no neighbour), as the docs list them
+    result.data["nearest_neighbour_same_label"] = nn_agreement(x, labels) if labels is not None and n > 1 else None
+    result.data["classes"] = len(set(labels)) if labels is not None else None
     if not finite:
         result.add("non-finite-embedding", "error", opts.layer, "the layer's output holds NaN or Inf: the projector cannot show it")
     if n < 2:   # a projector of one point shows nothing (a source's default input is one sample)
@@ -176,7 +176,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.data["pca_explained_variance"] = explained
     result.summary += [("Vectors", f"{n} × {d} ({how})"),
                        ("Labels", f"{len(set(labels))} classes from the batch target" if labels else "none (give --batch PATH:fn returning (inputs, labels))")]
-    if "nearest_neighbour_same_label" in result.data:
+    if result.data["nearest_neighbour_same_label"] is not None:
         result.summary.append(("Nearest neighbour has same label", f"{result.data['nearest_neighbour_same_label']:.1%}"))
     return result
 

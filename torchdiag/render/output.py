@@ -260,6 +260,9 @@ def check_dir(path, option: str) -> Path | None:
                          hint="give a folder name")
     probe = path
     while not probe.exists():
+        if probe.is_symlink():   # a dangling link: mkdir would say "exists" (a sweep: "…/summary is a file")
+            raise UsageError(f"{option} {path}: {probe} is a link to {os.readlink(probe)}, which does not exist",
+                             hint="create the folder it points to, or give another folder")
         probe = probe.parent if probe.parent != probe else probe
         if probe == probe.parent:
             break

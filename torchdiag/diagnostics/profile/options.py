@@ -11,6 +11,11 @@ WRAP = {"ddp": ("train", ""), "fsdp": ("train", "")}
 NEEDS_VALUES = True                               # meta tensors have no timing: core refuses meta once
 OPTIMIZER = OptimizerSpec("adam", lr=1e-3)        # train mode; lr 1e-3 for every optimizer, sgd momentum 0.9
 
+# the profiler keeps every recorded event in memory (a sweep: --active 1e11 grew to 11 GB before a timeout): steps
+# beyond this are no measurement anyone needs from one command
+MAX_STEPS = 10_000
+STEPS = ("wait", "warmup", "active")
+
 
 @dataclass
 class Options:
@@ -29,7 +34,7 @@ class Options:
         if self.mode is not None:
             self.mode = choice("mode", self.mode, MODES)
         for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("top", 0), ("depth", 0)):
-            number(name, getattr(self, name), low=low, integer=True)
+            number(name, getattr(self, name), low=low, integer=True, high=MAX_STEPS if name in STEPS else None)
         flag("trace", self.trace, "torchdiag.render.profile.write_trace")  # it once took a path
         flag("syncs", self.syncs)
 
