@@ -374,7 +374,7 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                                                      curve.first_bounds)
             if causes.out_of_range is None and not curve.first_terms and _made_mse(trainer.loss_fn):
                 causes.out_of_range = _span(trainer, out)
-            if curve.first_terms and _made_mse(trainer.loss_fn):   # any term's range, not the first's only
+            if causes.out_of_range and curve.first_terms:
                 causes.term_floors = term_floors(out, trainer.loss_fn, causes.out_of_range, curve.first_terms, opts)
         except Exception:
             causes.final_same = False
@@ -537,12 +537,11 @@ def _made_mse(loss) -> bool:
     return getattr(loss, "chosen", "") == "mse" and bool(getattr(loss, "made_target", False)) and loss.target is not None
 
 
-def term_floors(out, loss, first: dict | None, starts: list, opts) -> list | None:
-    """With other outputs covered: each term's floor in the loss's order (the first's is `first`), {kind, floor} or
-    None where the output keeps to no range, each against its own made-up target (LayerNorm fits made afresh: read
-    once, at the end). None when a term has no floor to tell (a scalar output counted as it is, a loss of the
-    model's own; a target that was given) or none keeps to a range. Any term's range counts, not the first's only (a
-    sweep: DETR's sigmoid boxes, its second output, levelled at their floor of ~0.58 and the run was cannot-overfit)."""
+def term_floors(out, loss, first: dict, starts: list, opts) -> list | None:
+    """With other outputs covered (the first keeping to a range, `first`): each term's floor in the loss's order,
+    {kind, floor} or None where the output keeps to no range, each against its own made-up target (LayerNorm fits
+    made afresh: read once, at the end). None when a term has no floor to tell: a scalar output counted as it is
+    (a loss of the model's own), or a target that was given."""
     from ...core.loss import float_outputs
 
     tensors = dict(float_outputs(out))
@@ -558,7 +557,7 @@ def term_floors(out, loss, first: dict | None, starts: list, opts) -> list | Non
         if rule == "model" or target is None or label not in tensors:
             return None
         floors.append(range_floor(tensors[label], target, opts.target_ratio * start, {}))
-    return floors if any(floors) else None
+    return floors
 
 
 def floor_of(found: dict | None, start: float) -> float:

@@ -322,11 +322,11 @@ class Trainer:
         with torch.no_grad():
             found = made_target_floor(out, self.loss_fn, ratio * start, self.fits, c.first_bounds)
             if c.first_terms:
-                return self._at_terms_floors(out, found)
+                return found is not None and self._at_terms_floors(out, found)
         floor = found["floor"] if found else math.nan
         return 0 < floor < c.losses[0] and c.losses[-1] - floor <= ratio * (c.losses[0] - floor)
 
-    def _at_terms_floors(self, out, first: dict | None) -> bool:
+    def _at_terms_floors(self, out, first: dict) -> bool:
         """Every output's term, at this step, within the target ratio of its fall to its own floor (causes.term_floors):
         what report._at_term_floors passes on. A sweep: a tiny BERT's two outputs were there at step 152, and the run
         went on to the 5,000-step cap (87 s) for the verdict it had then."""
@@ -341,7 +341,7 @@ class Trainer:
             return False
         floors = [floor_of(f, s) for f, s in zip(floors, starts)]
         now = c.term_steps[-1][2].tolist()   # one read, at an extension only
-        return any(floors) and all(s > 0 for s in starts) and \
+        return bool(floors[0]) and all(s > 0 for s in starts) and \
             terms_within(now, starts, floors, self.opts.target_ratio)
 
     def _cap(self) -> int:
