@@ -2388,3 +2388,22 @@ def test_a_budget_too_short_for_a_trend_is_not_yet_while_the_loss_still_falls():
     f = next(f for f in short.findings if f.code == "not-overfit-yet")
     assert f.severity == "warning" and "fewer than 20 steps" in f.message and "20" in f.hint, (f.message, f.hint)
     assert overfit(model, x).data["passed"]
+
+
+def test_the_never_changed_recheck_copies_a_model_trained_with_functional_dropout_off():
+    """A sweep: DETR (F.dropout in its forward, turned off by a TorchFunctionMode whose hooks hold a thread-local)
+    left "cannot copy the model to re-check parameters that never changed" (deepcopy: cannot pickle _thread._local)."""
+    from torch import nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l0, self.z, self.head = nn.Linear(8, 32), nn.Linear(8, 3), nn.Linear(32, 3)
+
+        def forward(self, x):   # z multiplies zeros: its weight never changes, and the re-check copies the model
+            return self.head(F.dropout(self.l0(x).relu(), 0.1, self.training)) + self.z(torch.zeros_like(x))
+
+    torch.manual_seed(0)
+    res = api_run("overfit-batch", Model(), (torch.randn(8, 8),))
+    assert not [n for n in res.notes if "not re-checked" in n], res.notes
+    assert "z.weight" in {f.where for f in res.findings if f.code == "unchanged-params"}, res.findings

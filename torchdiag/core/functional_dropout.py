@@ -67,6 +67,12 @@ class FunctionalDropoutOff:
         self._local = threading.local()   # per thread: module-call depth, and whether its outermost call pushed
         self._handles: list = []
 
+    def __deepcopy__(self, memo):
+        """A copy of a model carrying its hooks shares this controller, not a copy of it: its thread-local cannot be
+        copied (a sweep: overfit-batch's re-check of parameters that never changed could not copy a DETR trained
+        with functional dropout turned off)."""
+        return self
+
     def _flag_on(self, args, kwargs, spec) -> bool:
         at, name, default = spec
         dropped = bool(_arg(args, kwargs, at, name, default)) and _positive(_arg(args, kwargs, 1, "p", 0.5))
