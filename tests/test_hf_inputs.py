@@ -1219,7 +1219,7 @@ def test_multiple_choice_heads_get_candidates_per_sample(tmp_path, cli, arch, cf
 
 
 @pytest.mark.parametrize("head", ["BertForTokenClassification", "multi-label", "regression",
-                                  "BertForSequenceClassification"])
+                                  "BertForSequenceClassification", "one label"])
 def test_a_classification_head_trains_on_its_own_loss_of_random_labels(tmp_path, cli, head):
     """A sweep: a token classifier's (N, T, C) logits got mse against random reals, a multi-label sequence classifier
     (problem_type multi_label_classification) softmax cross-entropy, where transformers computes a cross-entropy per
@@ -1233,7 +1233,7 @@ def test_a_classification_head_trains_on_its_own_loss_of_random_labels(tmp_path,
     from torchdiag.core.loading import load_model
 
     cfg = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=32, max_position_embeddings=32, num_labels=3)
+                                  intermediate_size=32, max_position_embeddings=32, num_labels=1 if head == "one label" else 3)
     if head in ("multi-label", "regression"):
         cfg.problem_type = "multi_label_classification" if head == "multi-label" else "regression"
     folder = save(tmp_path, cfg, "BertForTokenClassification" if "Token" in head else "BertForSequenceClassification")
@@ -1243,14 +1243,17 @@ def test_a_classification_head_trains_on_its_own_loss_of_random_labels(tmp_path,
         assert "labels" not in notes and r.json["loss"].startswith("cross_entropy on output['logits']")
         return
     assert r.json["loss"] == "the model's own loss (output['loss'])", r.json["loss"]
+    # one label and no problem_type: transformers' regression (a sweep: it got the auto mse, not its own loss)
     assert ("a random class in [0, 3) per token" if "Token" in head else "a random 0/1 per label, 3 labels"
-            if head == "multi-label" else "3 random normal values per sample") in notes
+            if head == "multi-label" else "a random normal value per sample" if head == "one label"
+            else "3 random normal values per sample") in notes, notes
     loaded = load_model(f"hf:{folder}", device=torch.device("cpu"))
     inputs = source_inputs(loaded, torch.device("cpu"))
     out = loaded.model.eval()(*inputs.args, **inputs.kwargs)
     labels = inputs.kwargs["labels"]
-    if head == "regression":
-        assert torch.allclose(out.loss, F.mse_loss(out.logits, labels)) and labels.shape == (out.logits.shape[0], 3)
+    if head in ("regression", "one label"):
+        width = 1 if head == "one label" else 3
+        assert torch.allclose(out.loss, F.mse_loss(out.logits, labels)) and labels.shape == (out.logits.shape[0], width)
         return
     want = F.cross_entropy(out.logits.reshape(-1, 3), labels.reshape(-1)) if "Token" in head else \
         F.binary_cross_entropy_with_logits(out.logits, labels)

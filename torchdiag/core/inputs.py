@@ -1021,8 +1021,8 @@ def _head_labels(inputs: ModelInputs, loaded, names: list[str], seed: int = 0) -
         said = f"labels: a random class in [0, {classes}) per token (the model's own loss, a cross-entropy per token)"
     elif kind == "regression":
         labels = torch.randn(ids.shape[0], classes, generator=g)
-        said = (f"labels: {classes} random normal values per sample (the model's own loss: problem_type regression, "
-                "mean-squared error)")
+        said = (f"labels: {'a random normal value' if classes == 1 else f'{classes} random normal values'} per sample "
+                "(the model's own loss: a regression, mean-squared error)")
     else:
         labels = torch.randint(0, 2, (ids.shape[0], classes), generator=g).float()
         said = (f"labels: a random 0/1 per label, {classes} labels (the model's own loss: problem_type "

@@ -581,17 +581,22 @@ def _head_labels(cls, config) -> tuple[str, int] | None:
     from transformers.models.auto import modeling_auto as auto
 
     name, classes = getattr(cls, "__name__", ""), getattr(config, "num_labels", None)
-    if not isinstance(classes, int) or classes < 2:
+    if not isinstance(classes, int) or classes < 1:
         return None
 
     def mapped(mapping: str, auto_name: str) -> bool:
         names = getattr(auto, mapping, {}).values()
         return name == auto_name or any(name == n or (isinstance(n, (tuple, list)) and name in n) for n in names)
 
-    if mapped("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"):
+    if classes >= 2 and mapped("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"):
         return ("token", classes)
-    kind = {"multi_label_classification": "multi_label", "regression": "regression"}.get(
-        getattr(config, "problem_type", None) or "")
+    # one label and no problem_type is a regression to transformers (it infers it from num_labels; a sweep:
+    # num_labels=1 got the auto mse on the logits, not its own loss as the docs say)
+    said = getattr(config, "problem_type", None)
+    kind = {"multi_label_classification": "multi_label", "regression": "regression"}.get(said or "") if said or \
+        classes >= 2 else "regression"
+    if kind != "regression" and classes < 2:
+        return None
     if kind and mapped("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"):
         return (kind, classes)   # (a regression of C outputs: its mse, not the auto cross-entropy: a review)
     return None
