@@ -164,6 +164,17 @@ def test_one_based_labels_are_named_as_such_not_as_an_ignore_label():
     assert "1-based" not in exc.value.hint, exc.value.hint
 
 
+@pytest.mark.parametrize("target, words, not_said", [
+    ([-1, -2, 0, 2], "negative targets (-2) are no class", "outputs"),
+    ([-1, 0, 7, 2], "negative targets (-1) are no class", "give the last layer 4"),
+    ([0, 1, 2, 6, 7], "give the last layer 8 outputs", "1-based")])
+def test_negative_or_wide_targets_get_a_hint_that_fits(target, words, not_said):
+    """A review: negative targets were told to give the last layer fewer outputs than it has (3 classes, -2 … 2)."""
+    with pytest.raises(UsageError) as exc:
+        Loss("cross_entropy", target=torch.tensor(target))(torch.randn(len(target), 3))
+    assert words in exc.value.hint and not_said not in exc.value.hint, exc.value.hint
+
+
 @pytest.mark.parametrize("kind,y,target,message", [
     ("auto", torch.randn(5, 3), torch.tensor([0, 1, 2, 7, 0]), "holds class 7, outside [0, 3)"),
     ("cross_entropy", torch.randn(5, 3), torch.tensor([0, -2, 1, 1, 0]), "holds class -2"),

@@ -166,13 +166,15 @@ def test_an_interrupt_the_scripts_trainer_caught_and_exited_on_is_an_interrupt(c
                       "try:\n"
                       "    raise KeyboardInterrupt\n"
                       "except KeyboardInterrupt:\n"
-                      "    sys.exit(1) if 'caught' in sys.argv else None\n"
+                      "    sys.exit(1) if 'caught' in sys.argv else sys.exit(0) if 'saved' in sys.argv else None\n"
                       "sys.exit(1)\n")
     monkeypatch.chdir(tmp_path)
     r = cli("watch", "--every", "5", "--", "python", script, "caught")
     assert r.code == 130 and "INTERRUPTED after 10 step(s)" in r.stdout, (r.code, r.stdout, r.stderr)
     r = cli("watch", "--every", "5", "--", "python", script)
     assert r.code == 3 and "the script exited with status 1" in r.stderr, (r.code, r.stderr)
+    r = cli("watch", "--every", "5", "--", "python", script, "saved")   # caught, saved, exit 0: a normal end (a review)
+    assert r.code == 0 and "INTERRUPTED" not in r.stdout, (r.code, r.stdout, r.stderr)
 
 
 @pytest.mark.slow

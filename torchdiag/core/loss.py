@@ -852,11 +852,20 @@ def _check_classes(target, y, shown: tuple | None = None) -> bool:
 
 
 def target_range_hint(lo: int, hi: int, classes: int, outside: list[int], others: bool) -> str:
-    """What a target outside [0, C) most likely is: 1-based labels (1…C, none 0: a review saw C called an ignore
-    label), else an ignore label, else a head too small."""
+    """What a target outside [0, C) most likely is: 1-based labels (1…C, none 0: a sweep saw C called an ignore
+    label), an ignore label (one value beside targets inside), negative ids, or a head too small (a review: negatives
+    were told to give the last layer fewer outputs than it has)."""
     if lo >= 1 and hi == classes:
-        return f"labels look 1-based (the largest is {hi}, one past the last class): subtract 1"
-    return ignore_label_hint(outside, others) or f"make labels 0…{classes - 1}, or give the last layer {hi + 1} outputs"
+        return (f"labels look 1-based (the largest is {hi}, one past the last class, and none is 0): subtract 1; or, "
+                f"if 0 is a class too (absent from this batch), give the last layer {hi + 1} outputs")
+    ignore = ignore_label_hint(outside, others)
+    if ignore:
+        return ignore
+    wider = f"give the last layer {hi + 1} outputs" if hi >= classes else ""
+    if lo < 0:
+        return (f"class ids run from 0: negative targets ({lo}) are no class (map ones that mark unlabelled samples to "
+                "-100, cross_entropy's default ignore_index)" + (f"; and {wider}" if wider else ""))
+    return f"make labels 0…{classes - 1}, or {wider}"
 
 
 def ignore_label_hint(outside: list[int], others: bool) -> str:

@@ -128,13 +128,15 @@ class Watch:
 
     def finish(self, interrupted=None, failure: str | None = None):
         """The last read, hooks removed, the Result built (once)."""
+        from ...core.interrupts import deferred
         from .report import build
 
         if self in _active:
             _active.remove(self)
         if self._result is None and self.engine is not None:
-            self.engine.finish()
-            self._result = build(self.engine, interrupted, failure)
+            with deferred():   # a second Ctrl-C waits for the report (a review: it landed in the build, exit 4, no report)
+                self.engine.finish()
+                self._result = build(self.engine, interrupted, failure)
             if self.on_finish is not None:
                 self.on_finish(self._result)
             if self.gather is not None:   # at the block's end on every rank, whoever calls result() later

@@ -2236,6 +2236,7 @@ def _held_by_any_optimizer() -> set[int]:
 
     from torch.optim import Optimizer
 
+    gc.collect()   # an optimizer deleted inside a reference cycle is still listed until a collection (a review)
     kinds, todo = set(), [Optimizer]   # type() against the subclasses: isinstance reads __class__, which a lazy
     while todo:                        # module's proxy answers with a warning or an import (and costs 4x)
         kinds.add(todo[-1])

@@ -1572,9 +1572,11 @@ def _moving(engine) -> float | None:
 
 
 def _fastest(engine) -> float | None:
-    """The largest update/weight ratio any weight matrix had at any read (None where none was read)."""
-    matrices = {n for t in engine.tracks.values() for n, p in zip(t.names, t.params) if p.dim() >= 2}
-    per = [v for name, samples in engine.ratios.items() if name in matrices for _, v in samples]
+    """The largest update/weight ratio any weight matrix had at any read (None where none was read). Not of one that
+    started tiny or at zero (a LoRA's B, a zero-initialised head): any update is most of its norm (a review: such a
+    head's ratio of 1 hid a run at lr 1e-7 that learned nothing)."""
+    per = [v for t in engine.tracks.values() for i, (n, p) in enumerate(zip(t.names, t.params))
+           if p.dim() >= 2 and not _tiny_at_start(t, i, p) for _, v in engine.ratios.get(n, ())]
     return max(per) if per else None
 
 

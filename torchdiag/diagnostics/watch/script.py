@@ -85,9 +85,9 @@ def run_command(argv, watch) -> object:
                 else:
                     kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
             except SystemExit as exc:
-                behind = _interrupt_behind(exc)
-                if behind is not None:   # a trainer's own Ctrl-C handling ends in sys.exit(1) (Lightning's fit)
-                    raise behind from None
+                behind = _interrupt_behind(exc) if exc.code not in (None, 0) else None
+                if behind is not None:   # a trainer's own Ctrl-C handling ends in sys.exit(1) (Lightning's fit); one
+                    raise behind from None   # that saves and exits 0 ended as it chose: a normal end
                 if exc.code not in (None, 0):   # sys.exit("message") exits 1 after printing the message
                     what = (f"status {int(exc.code)}" if isinstance(exc.code, int)   # True is 1, as Python exits
                             else f"the message {str(exc.code)!r}")
