@@ -7332,15 +7332,17 @@ def test_a_head_added_to_the_optimizer_mid_run_or_stepped_by_its_own_later_is_in
     """A fourth review: a head unfrozen and added with add_param_group at step 30 was "in no optimizer … it never
     trains" (the optimizer's parameters were those of its first step), and so was a head whose own optimizer first
     steps at step 20. Judged at the end, against every optimizer's param groups as they are then."""
-    def run(add_at=None, own_every=None, steps=60):
+    def run(add_at=None, own_every=None, steps=60, frozen=True, findings=False):
         torch.manual_seed(0)
         body, head = nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 1)
         model = nn.Sequential(body, head)
         opt = torch.optim.SGD(body.parameters(), 0.1)
         head_opt = torch.optim.SGD(head.parameters(), 0.1) if own_every else None
+        head.requires_grad_(not (add_at and frozen))
         with Watch(model, None, every=10) as w:
             for step in range(1, steps + 1):
                 if step == add_at:
+                    head.requires_grad_(True)
                     opt.add_param_group({"params": head.parameters()})
                 x = torch.randn(8, 8)
                 opt.zero_grad()
@@ -7349,9 +7351,13 @@ def test_a_head_added_to_the_optimizer_mid_run_or_stepped_by_its_own_later_is_in
                 if own_every and step % own_every == 0:
                     head_opt.step()
                     head_opt.zero_grad()
-        return _nio(w.result().findings)
+        return w.result().findings if findings else _nio(w.result().findings)
 
     assert run(add_at=30) == set() and run(own_every=20) == set()
+    # not frozen before it was added: its gradients of steps 1-29 were lost, said as info (a stage's optimizer built
+    # over too little looks the same)
+    late = [f for f in run(add_at=30, frozen=False, findings=True) if f.code == "not-in-optimizer"]
+    assert [f.severity for f in late] == ["info"] and "were lost" in late[0].message, [f.to_dict() for f in late]
     assert run() == {"1.weight", "1.bias"}                 # never added: named
     assert run(steps=30) == {"1.weight", "1.bias"}         # a run shorter than `every`... of 50 (below) too
     torch.manual_seed(0)
