@@ -519,3 +519,30 @@ def test_a_float32_reference_without_room_is_a_note_not_the_end_of_the_run(monke
     (note,) = [n for n in res.notes if n.startswith("the float32 reference did not run")]
     assert "the activations its backward keeps" in note, note
     assert dict(res.summary)["Precision"].endswith("float32 reference: not run: no room for its copy (notes)")
+
+
+def test_overfit_batch_counts_what_rounds_away_at_the_early_steps_too():
+    """A sweep: zero-initialised residual BatchNorms (timm's resnet10t, levit, mobilevitv2 under --dtype bfloat16):
+    the BatchNorm before the zero one gets a gradient from step 2 on, and its bf16 Adam updates (~1e-3 on 1.0) round
+    away; a run done in 14 steps was counted at its first step only, and said `unchanged-params` with no cause."""
+    from torch import nn
+
+    from torchdiag.api import run
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.bn1, self.b, self.bn2 = nn.Linear(8, 64), nn.BatchNorm1d(64), nn.Linear(64, 8), nn.BatchNorm1d(8)
+            nn.init.zeros_(self.bn2.weight)   # zero-init residual: bn1 gets a gradient from step 2
+            nn.init.constant_(self.bn1.weight, 64.0)   # a bf16 half-ulp of 0.125 there: lr 0.05 rounds away, and the
+            self.head = nn.Linear(8, 4)                # head memorises the batch in ~11 steps
+
+        def forward(self, x):
+            return self.head(x + self.bn2(self.b(self.bn1(self.a(x)).relu())))
+
+    torch.manual_seed(0)
+    res = run("overfit-batch", Block(), (torch.randn(4, 8),), dtype="bfloat16", lr=0.05)
+    assert res.data["steps"] < 64, res.data["steps"]   # done before the counts from step 64 (the old schedule)
+    codes = {f.code: f for f in res.findings if f.severity != "info"}
+    assert "update-rounds-away" in codes and "bn1.weight" in codes["update-rounds-away"].message, res.findings
+    assert "unchanged-params" not in codes or "bn1.weight" not in codes["unchanged-params"].message, res.findings

@@ -40,7 +40,9 @@ from .sharded import global_norm, local_view
 from .trend import CONSTANT_TIMES, goal_of, judge
 
 SAME_AGAIN = (10, 50)   # steps whose outputs are asked again whether they differ across samples, while they did not
-LATE = 64   # the first step of the later counts of updates that round away (_late_start)
+LATE = 2    # the first step of the later counts of updates that round away (_late_start): 2, 4, 8, … (a sweep:
+            # zero-init residual BatchNorm weights get a gradient from step 2, and a run done in 14-41 steps was
+            # never counted past its first: `unchanged-params` with no cause, not `update-rounds-away`)
 
 
 @dataclass
