@@ -147,7 +147,7 @@ def one_sample_erased(work, inputs) -> tuple[float, float] | None:
         return None
     wide = _float32(work, inputs)
     if wide is not None:   # the erasure is the architecture's: asked in float32 (a sweep: bfloat16's rounding, 8 ulps
-        return _erased(*wide, batch) if wide else None   # = 6%, read 0.9% left by mobilenet_v3 as "erased")
+        return _erased(wide[0], wide[1], batch) if wide else None   # = 6%, read 0.9% left by mobilenet_v3 as erased)
     modes = {m: m.training for m in work.modules()}
     try:
         with values_kept(work, parameters=False):
