@@ -1504,3 +1504,41 @@ def test_a_language_models_classes_are_its_vocabulary_not_the_sequence_length():
     ids = torch.randint(0, 20, (64, 33), generator=g)
     res = run_data(TensorDataset(ids[:, :-1], ids[:, 1:]), Options(speed=False), context("cpu"), model=_TinyLM())
     assert res.data["num_classes"] == 65, res.data["num_classes"]
+
+
+def test_a_dataset_batched_here_into_a_last_batch_of_one_is_said_not_a_crash():
+    """A sweep: 97 samples as a Dataset, batched here at --batch-size 32, left a last batch of 1 that a BatchNorm
+    model refused in the timed training steps: exit 3 blaming the model. Now the finding, a warning (the user's own
+    loader may batch otherwise), and the timing skips that batch."""
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(97, 8, generator=g), torch.randint(0, 3, (97,), generator=g))
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    res = run_data(data, Options(**QUICK), context("cpu"), model=model)
+    f = one(res, "last-batch-of-one")
+    assert f.severity == "warning" and "batched at --batch-size" in f.message and "97 samples" in f.message, f.message
+
+
+def test_float64_arrays_meet_a_float32_model_as_a_training_script_converts_them():
+    """A sweep: scikit-learn's `return X, y` (float64) with --model: a dtype mismatch, exit 3 blaming the model."""
+    from torch import nn
+
+    from torchdiag.core.datasets import loaded
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(120, 5)), rng.integers(0, 3, size=120)
+    data = loaded((x, y), "f.py:xy", "xy()", "xy() → ")
+    assert "float64 arrays as float32" in data.label, data.label
+    res = run_data(data.obj, Options(speed=False), context("cpu"), model=nn.Linear(5, 3))
+    assert int(res.exit_code) == 0, [f.to_dict() for f in res.findings]
+
+
+def test_a_mask_padded_to_a_fixed_length_has_no_constant_features():
+    """A sweep: HF's padding="max_length" masks (lengths 5-32 padded to 32) were told to drop positions 0-4."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 33, (200,), generator=g)
+    mask = torch.stack([(torch.arange(32) < k).long() for k in lengths])
+    loader = torch.utils.data.DataLoader(list(zip(mask, torch.randint(0, 2, (200,), generator=g))), batch_size=32)
+    assert "constant-features" not in codes(run_data(loader, Options(**QUICK), context("cpu")))

@@ -110,7 +110,9 @@ def loaded(obj, spec: str, what: str, label: str = "") -> LoadedData:
     it is, its kind told (kind_of); `label` leads the header's description."""
     made = as_columns(obj)
     if made is not None:
-        return LoadedData(made, spec, "dataset", f"{label}({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
+        wide = any(not hasattr(c, "dim") and str(getattr(c, "dtype", "")) == "float64" for c in obj)
+        return LoadedData(made, spec, "dataset", f"{label}({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset"
+                          + (" (float64 arrays as float32, torch's default)" if wide else ""))
     return LoadedData(obj, spec, kind_of(obj, what), f"{label}{type(obj).__name__}")
 
 
@@ -141,7 +143,12 @@ def as_columns(obj):
     def tensor(c):   # a flipped (negative-stride) or big-endian array copied to one torch can hold (a review)
         import numpy as np
 
-        return c if isinstance(c, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(c, c.dtype.newbyteorder("=")))
+        if isinstance(c, torch.Tensor):
+            return c
+        t = torch.as_tensor(np.ascontiguousarray(c, c.dtype.newbyteorder("=")))
+        # scikit-learn's float64 as torch's default dtype, as a training script converts it (a sweep: float64 columns
+        # met a float32 --model, exit 3 blaming the model)
+        return t.to(torch.get_default_dtype()) if t.dtype == torch.float64 else t
 
     try:
         return TensorDataset(*[tensor(c) for c in obj])

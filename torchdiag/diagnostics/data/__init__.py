@@ -44,6 +44,7 @@ class State:
     box: tuple | None = None          # reach.output_box: the bound of a single squashed output (with --model)
     batch_of_one: str | None = None   # the error a batch of one raises in train mode
     last: tuple | None = None         # (epoch samples, last batch samples)
+    last_size: int | None = None      # the batch size that leaves it
     repeat: dict | None = None
     sweep: list = field(default_factory=list)
     training: Any = None              # speed.Timing with the model's steps, the loader as configured
@@ -276,9 +277,10 @@ def _order(st: State) -> None:
 def _last_batch(st: State, loader, roles) -> None:
     from . import speed, traps
 
-    if st.train.kind != "dataloader":
-        return
+    if st.train.kind not in ("dataloader", "dataset"):   # a Dataset: the loader built at --batch-size (a sweep: its
+        return                                           # last batch of one crashed the timing, exit 3)
     st.last = traps.last_batch(loader)
+    st.last_size = getattr(loader, "batch_size", None)
     if st.last and st.last[1] == 1 and st.model is not None and st.first_batch is not None:
         st.phase = "a batch of one through the model"
         st.batch_of_one = speed.batch_of_one_fails(st.model, st.first_batch, roles, st.ctx)

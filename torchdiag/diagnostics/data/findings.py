@@ -306,19 +306,28 @@ def _constant(r, f, where, others: list[str] | None = None) -> None:
     if f.constant and others:   # beside inputs that vary (a sweep: an all-ones attention mask of fixed-length inputs)
         r.add("constant-input", "info", where, f"every value of every sample is {_fmt(f.lo)}: this field carries no "
               f"information of its own; {', '.join(others[:4])} {'vary' if len(others) > 1 else 'varies'}",
-              "expected for a mask over inputs of one length; else check the transform (a wrong channel, a field "
-              "that failed to load)")
+              "expected for a mask over inputs of one length, or segment ids of one-segment text; else check the "
+              "transform (a wrong channel, a field that failed to load)")
         return
     if f.constant:
         r.add("constant-input", "warning", where, f"every value of every sample is {_fmt(f.lo)}: the model sees no "
               "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
         return
     same, n = f.constant_features()
-    if same and n and f.other_shape is None:   # padded per batch: its "features" are positions (a sweep: a mask's
-        # first 5 positions, never padding, read as constant features)
+    if same and n and f.other_shape is None and not _reached_by_all(same, n, f):
+        # padded per batch: its "features" are positions (a sweep: a mask's first 5 positions, never padding, read as
+        # constant features)
         shown = ", ".join(map(str, same[:10])) + (" …" if len(same) > 10 else "")
         r.add("constant-features", "info", where, f"{len(same)} of {n} features never vary (indices {shown})",
               "they carry no information: drop them, or leave them (harmless to most models)")
+
+
+def _reached_by_all(same: list, n: int, f) -> bool:
+    """A 0/1 field whose never-varying features are a run at one end (0…k-1, or the last k): a padding mask padded
+    to a fixed length, its positions every sample reaches (a sweep: padding="max_length" masks were told to drop
+    positions 0-4, which would put the mask out of step with its ids)."""
+    k = len(same)
+    return f.lo == 0 and f.hi == 1 and (list(same) == list(range(k)) or list(same) == list(range(n - k, n)))
 
 
 def label_summary(f) -> dict:
@@ -486,15 +495,16 @@ def _order(r, st) -> None:
 def _last(r, st) -> None:
     if not st.last or st.last[1] != 1:
         return
-    n = st.last[0]
-    bs = st.train.obj.batch_size
+    n, bs = st.last[0], st.last_size
+    mine = st.train.kind == "dataset"   # batched here at --batch-size: the user's own loader may batch otherwise
+    at = " (batched at --batch-size: your own DataLoader's batch size may differ)" if mine else ""
     if st.batch_of_one is not None:
-        r.add("last-batch-of-one", "error", "train", f"{n:,} samples in batches of {bs} leave a last batch of 1 sample "
-              f"(drop_last=False), and the model in train mode raises on it: {st.batch_of_one}",
-              "set drop_last=True on the training loader, or change batch_size")
+        r.add("last-batch-of-one", "warning" if mine else "error", "train", f"{n:,} samples in batches of {bs} leave a "
+              f"last batch of 1 sample{at} (drop_last=False), and the model in train mode raises on it: "
+              f"{st.batch_of_one}", "set drop_last=True on the training loader, or change batch_size")
     else:
-        r.add("last-batch-of-one", "info", "train", f"{n:,} samples in batches of {bs} leave a last batch of 1 sample "
-              "(drop_last=False): one noisy step per epoch", "drop_last=True avoids it")
+        r.add("last-batch-of-one", "info", "train", f"{n:,} samples in batches of {bs} leave a last batch of 1 sample"
+              f"{at} (drop_last=False): one noisy step per epoch", "drop_last=True avoids it")
 
 
 def _repeat(r, st) -> None:
