@@ -283,6 +283,11 @@ def _norm_hint(f, scale: float) -> str:
     return f": after /{scale:g}, Normalize(mean={_vals([m / scale for m in means])}, std={_vals([s / scale for s in stds])})"
 
 
+def _copied_stream(st) -> bool:
+    scan = st.scans.get("train")
+    return scan is not None and _stream_copies(st, "train", scan) is not None
+
+
 def _stream_copies(st, split: str, s) -> tuple[int, float] | None:
     """(workers, the share of repeats) where the split is an IterableDataset read by a DataLoader with several workers
     and about (workers − 1) / workers of its samples repeat: every worker yielded the same stream, unsharded (a
@@ -609,4 +614,6 @@ def _input_bound(r, st) -> None:
              else ""),
           f"set num_workers={best}" if best is not None and best != t.num_workers else
           "make loading cheaper (decode once, cache, lighter transforms)" + (
-              "; more workers were no better here" if more else " or use more workers"))
+              "; more workers were no better here" if more else
+              # each worker of an unsharded stream adds a whole copy (a sweep: "use more workers" beside the copies)
+              "; shard the stream by worker before adding workers" if _copied_stream(st) else " or use more workers"))
