@@ -93,6 +93,13 @@ def test_a_batch_a_check_cannot_use_errs_its_rows_and_the_report_is_still_writte
         write(tmp_path, text.replace(where, where + line + "\n"), name="bad.toml")
         res = cli("check", "--config", "bad.toml")
         assert res.code == 2 and words in res.stderr and "PASS" not in res.stdout, (res.stdout, res.stderr)
+    # a factory that returns what no loader reads is the data's fault: its row (a review: it aborted the gate)
+    (tmp_path / "none.py").write_text("def train():\n    return None\n")
+    text = (tmp_path / "pyproject.toml").read_text()
+    write(tmp_path, text.replace("[tool.torchdiag.check]\n", '[tool.torchdiag.check]\ndata = {spec = "none.py:train"}\n'),
+          name="bad.toml")
+    rows = {r["check"]: r for r in cli("check", "--config", "bad.toml", "--json").json["checks"]}
+    assert rows["data"]["status"] == "ERROR" and "returned None" in rows["data"]["message"], rows["data"]
 
 
 def test_gradflow_figure_says_what_allow_accepted_and_what_failed_it(cli, tmp_path, monkeypatch):

@@ -177,6 +177,43 @@ def test_an_interrupt_the_scripts_trainer_caught_and_exited_on_is_an_interrupt(c
     assert r.code == 0 and "INTERRUPTED" not in r.stdout, (r.code, r.stdout, r.stderr)
 
 
+def test_sigterm_the_script_caught_is_143_and_a_report_cut_by_a_second_signal_is_built_again(cli, tmp_path,
+                                                                                            monkeypatch):
+    """Reviews: a script whose `except KeyboardInterrupt: save; sys.exit(0)` caught torchdiag's SIGTERM (a
+    KeyboardInterrupt) passed, exit 0, where python exits 143; a second signal landing in the report's build, before
+    it held signals, lost the report (exit 4)."""
+    from torchdiag.diagnostics.watch import report
+
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch\n"
+                      "from torchdiag.errors import Terminated\n"
+                      "model = torch.nn.Linear(4, 2)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for _ in range(10):\n"
+                      "    opt.zero_grad()\n"
+                      "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+                      "    opt.step()\n"
+                      "try:\n"
+                      "    raise Terminated() if 'term' in sys.argv else KeyboardInterrupt()\n"
+                      "except KeyboardInterrupt:\n"
+                      "    sys.exit(0) if 'term' in sys.argv else None\n"
+                      "raise KeyboardInterrupt\n")
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--every", "5", "--", "python", script, "term")
+    assert r.code == 143 and "INTERRUPTED after 10 step(s)" in r.stdout, (r.code, r.stdout, r.stderr)
+    real, calls = report.build, []
+
+    def cut_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt   # the second signal, inside the first build
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "build", cut_once)
+    r = cli("watch", "--every", "5", "--", "python", script)
+    assert r.code == 130 and "INTERRUPTED after 10 step(s)" in r.stdout and len(calls) == 2, (r.code, r.stderr)
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

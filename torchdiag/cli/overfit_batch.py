@@ -45,8 +45,8 @@ regression target, × 10 times the loss of answering every sample with its mean 
 likely causes are checked: non-finite loss, missing or zero gradients, parameters that never
 changed, a flat loss, outputs identical across samples. With --amp fp16 the GradScaler's scale
 per step and the skipped steps are reported (every step skipped: error every-step-skipped,
-naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose first
-update rounds away are named (update-rounds-away). Your model is not modified."""
+naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose updates
+round away (counted at the first step and at steps 2, 4, 8, …) are named (update-rounds-away). Your model is not modified."""
 
 OWN = {"steps": (Steps, None), "optimizer": (Optimizer, "adam"), "lr": (Lr, None), "momentum": (c.momentum("0.9"), None), "target_ratio": (Ratio, 0.01),
        "target_loss": (TargetLoss, None), "plot": (Plot, None)}

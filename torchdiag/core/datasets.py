@@ -86,6 +86,26 @@ def _holds_samples(seq) -> bool:
     return scalar and len(tensors) <= 1
 
 
+def check_data_spec(spec: str, option: str = "DATA_SPEC") -> None:
+    """Refuse a spec whose form or file is wrong before any work (check's configuration), without importing it: the
+    file's own code runs once, when the data is loaded."""
+    import os
+
+    if spec.startswith("torchvision:"):
+        return
+    if sources.is_source(spec):
+        raise UsageError(f"{option} '{spec}': {spec.partition(':')[0]}: names models, not data",
+                         hint=f"write it as {DATA_FORMS}")
+    try:
+        where, _ = loading.split_spec(spec)
+    except UsageError as exc:
+        raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
+    if where.endswith(".py") and not os.path.exists(where):
+        from .spec_check import file_not_found
+
+        raise file_not_found(where, "data file")
+
+
 def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 0, option: str = "DATA_SPEC") -> LoadedData:
     """Import and call the factory (seeded, like a model factory); say what it returned otherwise."""
     kwargs = loading.parse_args(arg_pairs)

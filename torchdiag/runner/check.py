@@ -391,15 +391,6 @@ def _said(exc: DiagError) -> str:
     return f"{exc.message} (hint: {exc.hint})" if exc.hint else exc.message
 
 
-class _ConfigError(Exception):
-    """A usage error of the configuration met while a check ran (its data spec names no file): refused as the
-    configuration's, not recorded as the check's input error."""
-
-    def __init__(self, error: UsageError):
-        super().__init__(error.message)
-        self.error = error
-
-
 class _Interrupted(Exception):
     """Ctrl-C or SIGTERM while a check ran: that check is recorded as interrupted and check stops."""
 
@@ -421,8 +412,6 @@ class _Recorder:
                                               "interrupted before it finished", time.perf_counter() - t0,
                                               int(interrupt_code(exc))))
             raise _Interrupted() from None
-        except _ConfigError as exc:
-            raise exc.error from None
         except DiagError as exc:   # a batch the check cannot use (exit 2) errs this check, not the gate's report
             code = int(exc.code)
             passed, figure, message = None, "input error" if code == ExitCode.USAGE else "error", _said(exc)
@@ -599,15 +588,16 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
 def _data_check(dc: DataCheck, model, ctx, record, strict: bool) -> None:
     """`data` on the configured data (the entry's model too with with-model): an error finding fails it, and a
     warning under strict."""
-    from ..core.datasets import load_data
+    from ..core.datasets import check_data_spec, load_data
     from ..diagnostics import data
 
+    check_data_spec(dc.spec, "data spec")   # the config's spec names no file: refused as the configuration's (a
+    if dc.val:                              # factory that returns what no loader reads is the data's: its row)
+        check_data_spec(dc.val, "data val")
+
     def run_data():
-        try:
-            train = load_data(dc.spec, dc.args, ctx.seed, option="data spec")
-            val = load_data(dc.val, dc.args, ctx.seed, option="data val") if dc.val else None
-        except UsageError as exc:   # the config's spec names no file or factory: not the data's fault
-            raise _ConfigError(exc) from None
+        train = load_data(dc.spec, dc.args, ctx.seed, option="data spec")
+        val = load_data(dc.val, dc.args, ctx.seed, option="data val") if dc.val else None
         own = ctx if dc.with_model else data.context(str(ctx.device), ctx.seed, ctx.spec.loss, "config")
         r = data.run_data(train, dc.opts, own, val=val, model=model if dc.with_model else None)
         if r.data.get("interrupted"):   # run_data keeps its partial result on Ctrl-C; check records it as such

@@ -11,7 +11,7 @@ import re
 import sys
 import traceback
 
-from ...errors import ModelError, UsageError, interrupt_code, one_line
+from ...errors import ModelError, Terminated, UsageError, interrupt_code, one_line
 
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$")
 FLAGS_WITH_VALUE = {"-W", "-X", "-Q"}
@@ -85,9 +85,12 @@ def run_command(argv, watch) -> object:
                 else:
                     kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
             except SystemExit as exc:
-                behind = _interrupt_behind(exc) if exc.code not in (None, 0) else None
-                if behind is not None:   # a trainer's own Ctrl-C handling ends in sys.exit(1) (Lightning's fit); one
-                    raise behind from None   # that saves and exits 0 ended as it chose: a normal end
+                behind = _interrupt_behind(exc)
+                # a trainer's own Ctrl-C handling ends in sys.exit(1) (Lightning's fit); one that saves and exits 0
+                # ended as it chose. Not after SIGTERM, which python itself never lets a script see (exit 143: a
+                # review's preempted job passed)
+                if behind is not None and (isinstance(behind, Terminated) or exc.code not in (None, 0)):
+                    raise behind from None
                 if exc.code not in (None, 0):   # sys.exit("message") exits 1 after printing the message
                     what = (f"status {int(exc.code)}" if isinstance(exc.code, int)   # True is 1, as Python exits
                             else f"the message {str(exc.code)!r}")
@@ -101,6 +104,8 @@ def run_command(argv, watch) -> object:
         sys.path[:] = saved_path
         del kept
     result = watch._result
+    if result is None and interrupted:   # a second signal before the report's build held them (a review: two within
+        result = _built_again(watch, interrupted)   # ~20 ms, exit 4)
     if result is None:   # watch's own end raised (a bug of ours), caught above as the script's: that error, said as
         raise error if error is not None else RuntimeError("watch built no report")   # what it is, not a None here
     if interrupted:
@@ -115,6 +120,19 @@ def run_command(argv, watch) -> object:
         from . import no_step
 
         raise no_step(watch.engine, "watch: ")
+    return result
+
+
+def _built_again(watch, interrupted):
+    """The report, built once more where a second interrupt cut its first build short (None if it fails again)."""
+    from ...core.interrupts import deferred
+
+    result = None
+    try:
+        with deferred():   # a signal held here is re-raised as the block ends: the report is kept all the same
+            result = watch.finish(interrupted=interrupted)
+    except BaseException:   # noqa: BLE001 - a third signal, or the engine half-closed: no report, as before
+        pass
     return result
 
 
