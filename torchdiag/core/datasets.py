@@ -100,10 +100,20 @@ def check_data_spec(spec: str, option: str = "DATA_SPEC") -> None:
         where, _ = loading.split_spec(spec)
     except UsageError as exc:
         raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
-    if where.endswith(".py") and not os.path.exists(where):
-        from .spec_check import file_not_found
+    if where.endswith(".py") or os.sep in where:
+        if not os.path.exists(where):
+            from .spec_check import file_not_found
 
-        raise file_not_found(where, "data file")
+            raise file_not_found(where, "data file")
+        return
+    import importlib.util
+
+    try:   # a dotted module: found without running it (its parent package is imported)
+        found = importlib.util.find_spec(where) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"{option}: no module named {where}", hint=f"write it as {DATA_FORMS}, from the project's root")
 
 
 def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 0, option: str = "DATA_SPEC") -> LoadedData:
@@ -130,9 +140,7 @@ def loaded(obj, spec: str, what: str, label: str = "") -> LoadedData:
     it is, its kind told (kind_of); `label` leads the header's description."""
     made = as_columns(obj)
     if made is not None:
-        wide = any(not hasattr(c, "dim") and str(getattr(c, "dtype", "")) == "float64" for c in obj)
-        return LoadedData(made, spec, "dataset", f"{label}({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset"
-                          + (" (float64 arrays as float32, torch's default)" if wide else ""))
+        return LoadedData(made, spec, "dataset", f"{label}({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
     return LoadedData(obj, spec, kind_of(obj, what), f"{label}{type(obj).__name__}")
 
 
@@ -163,12 +171,7 @@ def as_columns(obj):
     def tensor(c):   # a flipped (negative-stride) or big-endian array copied to one torch can hold (a review)
         import numpy as np
 
-        if isinstance(c, torch.Tensor):
-            return c
-        t = torch.as_tensor(np.ascontiguousarray(c, c.dtype.newbyteorder("=")))
-        # scikit-learn's float64 as torch's default dtype, as a training script converts it (a sweep: float64 columns
-        # met a float32 --model, exit 3 blaming the model)
-        return t.to(torch.get_default_dtype()) if t.dtype == torch.float64 else t
+        return c if isinstance(c, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(c, c.dtype.newbyteorder("=")))
 
     try:
         return TensorDataset(*[tensor(c) for c in obj])

@@ -212,6 +212,11 @@ def data_settings(table, where: str) -> DataCheck:
         opts = Options(pictures=False, **kw)
     except OptionError as exc:
         raise UsageError(f"data {exc.name_for('config').message} in {where}", hint=exc.hint or f"e.g. {example}") from None
+    from ..core.datasets import check_data_spec
+
+    check_data_spec(table["spec"], f"data spec in {where}")   # refused with the config, before any model runs (a
+    if table.get("val"):                                      # review: after every other check had run)
+        check_data_spec(table["val"], f"data val in {where}")
     return DataCheck(table["spec"], table.get("val"), list(args), table.get("with-model", False), opts)
 
 
@@ -588,14 +593,10 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
 def _data_check(dc: DataCheck, model, ctx, record, strict: bool) -> None:
     """`data` on the configured data (the entry's model too with with-model): an error finding fails it, and a
     warning under strict."""
-    from ..core.datasets import check_data_spec, load_data
+    from ..core.datasets import load_data
     from ..diagnostics import data
 
-    check_data_spec(dc.spec, "data spec")   # the config's spec names no file: refused as the configuration's (a
-    if dc.val:                              # factory that returns what no loader reads is the data's: its row)
-        check_data_spec(dc.val, "data val")
-
-    def run_data():
+    def run_data():   # (a spec naming no file was refused with the config: data_settings)
         train = load_data(dc.spec, dc.args, ctx.seed, option="data spec")
         val = load_data(dc.val, dc.args, ctx.seed, option="data val") if dc.val else None
         own = ctx if dc.with_model else data.context(str(ctx.device), ctx.seed, ctx.spec.loss, "config")

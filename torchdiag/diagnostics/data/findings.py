@@ -319,7 +319,7 @@ def _constant(r, f, where, others: list[str] | None = None) -> None:
               "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
         return
     same, n = f.constant_features()
-    if same and n and f.other_shape is None and not _reached_by_all(same, n, f):
+    if same and n and f.other_shape is None and not _reached_by_all(f):
         # padded per batch: its "features" are positions (a sweep: a mask's first 5 positions, never padding, read as
         # constant features)
         shown = ", ".join(map(str, same[:10])) + (" …" if len(same) > 10 else "")
@@ -327,12 +327,12 @@ def _constant(r, f, where, others: list[str] | None = None) -> None:
               "they carry no information: drop them, or leave them (harmless to most models)")
 
 
-def _reached_by_all(same: list, n: int, f) -> bool:
-    """A 0/1 field whose never-varying features are a run at one end (0…k-1, or the last k): a padding mask padded
-    to a fixed length, its positions every sample reaches (a sweep: padding="max_length" masks were told to drop
-    positions 0-4, which would put the mask out of step with its ids)."""
-    k = len(same)
-    return f.lo == 0 and f.hi == 1 and (list(same) == list(range(k)) or list(same) == list(range(n - k, n)))
+def _reached_by_all(f) -> bool:
+    """A 0/1 field every row of which is ones then zeros, or zeros then ones: a mask padded to a fixed length, whose
+    never-varying features are the positions every sample reaches, or none does (a sweep: padding="max_length" masks
+    were told to drop positions 0-4, which would put the mask out of step with its ids; a review: told by the columns
+    alone, one-hot data with a constant first column passed as a mask)."""
+    return f.lo == 0 and f.hi == 1 and (f.rows_fall or f.rows_rise)
 
 
 def label_summary(f) -> dict:
@@ -498,7 +498,7 @@ def _order(r, st) -> None:
 
 
 def _last(r, st) -> None:
-    if not st.last or st.last[1] != 1:
+    if not st.last or st.last[1] != 1 or st.last[0] < 2:   # one sample in all: no "last" batch (a review)
         return
     n, bs = st.last[0], st.last_size
     mine = st.train.kind == "dataset"   # batched here at --batch-size: the user's own loader may batch otherwise

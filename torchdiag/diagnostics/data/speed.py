@@ -12,7 +12,7 @@ import torch
 from ...core import batches as B
 from ...core.datasets import rebuild
 from ...core.fetch import guarded
-from ...errors import DiagError, one_line
+from ...errors import DiagError, UsageError, one_line
 from .scan import Ragged, safe
 
 
@@ -183,6 +183,19 @@ class TrainStep:
             torch.cuda.synchronize(ctx.device)
 
 
+def _dtypes_fit(model, args, kwargs) -> None:
+    """float64 inputs (numpy's default: scikit-learn's `X, y`) against float32 weights fail every training step with a
+    dtype mismatch: said as the data's (exit 2), not the model's code (a sweep: exit 3, "the model's own code raised").
+    The data are read as they are: a cast would change what the findings see (a review: rows 1e-12 apart collided)."""
+    kinds = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    given = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor) and t.dtype == torch.float64]
+    if given and kinds == {torch.float32}:
+        raise UsageError("the data's input is float64 and the model's weights are float32: every training step fails "
+                         "the same way (a dtype mismatch)",
+                         hint="convert the data to float32 (X.astype(np.float32), torch.tensor(x, dtype=torch.float32)), "
+                              "or the model to float64 (model.double())")
+
+
 def output_size(model, batch, roles, ctx) -> int | None:
     """The class dimension of the model's output on one batch (eval, no grad, on a copy): C ≥ 2; 1 for one value per
     sample ((N,) or (N, 1): a binary logit or a regression, whose targets are values, not class indices); None when
@@ -194,6 +207,7 @@ def output_size(model, batch, roles, ctx) -> int | None:
     from ...core.tracking import run_forward
 
     args, kwargs = B.model_call(batch, roles)
+    _dtypes_fit(model, args, kwargs)
     inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
     work = copy.deepcopy(model).eval()
     with torch.no_grad(), ctx.seeded():

@@ -42,6 +42,8 @@ class FieldStats:
     reservoir: list = field(default_factory=list)   # per channel: values kept for the histograms
     f_lo: Any = None                           # per feature (1-D samples): min and max
     f_hi: Any = None
+    rows_fall: bool = True                     # 1-D samples: every row so far non-increasing (1…1 0…0, a right-
+    rows_rise: bool = True                     # padded mask's) / non-decreasing (a left-padded mask's)
     classes: dict[int, int] | None = None      # label value -> count (integral targets)
     first_of_class: dict[int, int] = field(default_factory=dict)
     drawn: dict[int, float] | None = None     # label -> the sampler's weight over its samples (a weighted loader)
@@ -132,6 +134,10 @@ class FieldStats:
         lo, hi = x.min(dim=0).values, x.max(dim=0).values
         self.f_lo = lo if self.f_lo is None else torch.minimum(self.f_lo, lo)
         self.f_hi = hi if self.f_hi is None else torch.maximum(self.f_hi, hi)
+        if (self.rows_fall or self.rows_rise) and x.shape[-1] > 1 and not x.is_complex():
+            step = x[:, 1:].float() - x[:, :-1].float()
+            self.rows_fall = self.rows_fall and bool((step <= 0).all())
+            self.rows_rise = self.rows_rise and bool((step >= 0).all())
 
     def drawn_by(self, t, weights) -> None:
         """A loader that samples by weight draws a class in proportion to its samples' summed weights."""
