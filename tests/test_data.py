@@ -1536,6 +1536,16 @@ def test_float64_arrays_against_a_float32_model_are_the_datas_usage_error():
     res = run_data((x, y), Options(speed=False), context("cpu"), model=nn.Linear(5, 3).double())
     assert int(res.exit_code) == 0, [f.to_dict() for f in res.findings]
 
+    class Casts(nn.Module):   # casts its input itself: takes float64 data (only a forward that fails is refused)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5, 3)
+
+        def forward(self, x):
+            return self.fc(x.float())
+
+    assert int(run_data((x, y), Options(speed=False), context("cpu"), model=Casts()).exit_code) == 0
+
 
 def test_a_mask_padded_to_a_fixed_length_has_no_constant_features():
     """A sweep: HF's padding="max_length" masks (lengths 5-32 padded to 32) were told to drop positions 0-4."""

@@ -183,17 +183,18 @@ class TrainStep:
             torch.cuda.synchronize(ctx.device)
 
 
-def _dtypes_fit(model, args, kwargs) -> None:
-    """float64 inputs (numpy's default: scikit-learn's `X, y`) against float32 weights fail every training step with a
-    dtype mismatch: said as the data's (exit 2), not the model's code (a sweep: exit 3, "the model's own code raised").
-    The data are read as they are: a cast would change what the findings see (a review: rows 1e-12 apart collided)."""
+def _dtypes_fit(model, args, kwargs, exc) -> None:
+    """A forward that failed on float64 inputs (numpy's default: scikit-learn's `X, y`) with float32 weights: said as
+    the data's dtype (exit 2), not the model's code (a sweep: exit 3, "the model's own code raised"). Only once the
+    forward failed: a model that casts its input itself takes them. The data are read as they are: a cast would change
+    what the findings see (a review: rows 1e-12 apart collided)."""
     kinds = {p.dtype for p in model.parameters() if p.is_floating_point()}
     given = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor) and t.dtype == torch.float64]
     if given and kinds == {torch.float32}:
-        raise UsageError("the data's input is float64 and the model's weights are float32: every training step fails "
-                         "the same way (a dtype mismatch)",
-                         hint="convert the data to float32 (X.astype(np.float32), torch.tensor(x, dtype=torch.float32)), "
-                              "or the model to float64 (model.double())")
+        raise UsageError(f"the data's input is float64 and the model's weights are float32: its forward failed "
+                         f"({exc.message}), and every training step would", hint="convert the data to float32 "
+                         "(X.astype(np.float32), torch.tensor(x, dtype=torch.float32)), or the model to float64 "
+                         "(model.double())") from None
 
 
 def output_size(model, batch, roles, ctx) -> int | None:
@@ -207,11 +208,14 @@ def output_size(model, batch, roles, ctx) -> int | None:
     from ...core.tracking import run_forward
 
     args, kwargs = B.model_call(batch, roles)
-    _dtypes_fit(model, args, kwargs)
     inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
     work = copy.deepcopy(model).eval()
     with torch.no_grad(), ctx.seeded():
-        out = run_forward(work, inputs)
+        try:
+            out = run_forward(work, inputs)
+        except DiagError as exc:   # a forward that failed on float64 data: the data's dtype, said as such
+            _dtypes_fit(model, args, kwargs, exc)
+            raise
     try:
         y, _ = primary_output(out)
     except Exception:
