@@ -1560,3 +1560,12 @@ def test_a_mask_padded_to_a_fixed_length_has_no_constant_features():
     onehot[:, 0] = 1
     loader = torch.utils.data.DataLoader(list(zip(onehot, torch.randint(0, 2, (200,), generator=g))), batch_size=32)
     assert "constant-features" in codes(run_data(loader, Options(**QUICK), context("cpu")))
+
+
+def test_an_unknown_torchvision_data_set_is_named_a_data_set():
+    """A review: `data torchvision:NoSuchSet` said "torchvision has no model named 'NoSuchSet'"."""
+    from torchdiag.core.sources import unknown_name
+
+    err = unknown_name("torchvision", "MNST", ["MNIST", "CIFAR10"], "data set")
+    assert err.message == "torchvision has no data set named 'MNST'" and "MNIST" in err.hint, (err.message, err.hint)
+    assert "datasets" in unknown_name("torchvision", "Zzz", ["MNIST"], "data set").hint

@@ -206,7 +206,7 @@ def _torchvision_dataset(name: str, kwargs: dict):
     cls = getattr(datasets, name, None)
     if not isinstance(cls, type):
         known = [n for n in dir(datasets) if isinstance(getattr(datasets, n), type) and not n.startswith("_")]
-        raise sources.unknown_name("torchvision", name, known)
+        raise sources.unknown_name("torchvision", name, known, "data set")   # (a review: "no model named")
     kwargs = dict(kwargs)
     if kwargs.pop("download", False):
         raise UsageError(f"torchvision:{name}: --arg download=True would download it; {sources.NO_NETWORK}",

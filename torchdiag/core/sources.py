@@ -102,12 +102,13 @@ def require(package: str, extra: str | None = None):
                          hint=f"install the {package.split('.')[0]} release built for torch {torch.__version__.split('+')[0]}") from exc
 
 
-def unknown_name(kind: str, name: str, known: list[str]) -> UsageError:
+def unknown_name(kind: str, name: str, known: list[str], what: str = "model") -> UsageError:
     close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
     if not close:  # a prefix or a substring is often what was meant (resnet → resnet18, resnet34, ...)
         close = [k for k in known if k.startswith(name) or name in k][:4]
-    hint = f"did you mean {', '.join(close)}?" if close else f"list them with: python -c \"{_LISTERS[kind]}\""
-    return UsageError(f"{kind} has no model named '{name}'", hint=hint)
+    lister = _LISTERS[kind] if what == "model" else "import torchvision; print(torchvision.datasets.__all__)"
+    hint = f"did you mean {', '.join(close)}?" if close else f"list them with: python -c \"{lister}\""
+    return UsageError(f"{kind} has no {what} named '{name}'", hint=hint)
 
 
 _LISTERS = {"torchvision": "import torchvision; print(torchvision.models.list_models())",
