@@ -1555,11 +1555,21 @@ def test_a_mask_padded_to_a_fixed_length_has_no_constant_features():
         mask = torch.stack([(torch.arange(32) < k).long() for k in lengths])
         loader = torch.utils.data.DataLoader(list(zip(mask, torch.randint(0, 2, (200,), generator=g))), batch_size=32)
         assert "constant-features" not in codes(run_data(loader, Options(**QUICK), context("cpu")))
-    # 0/1 columns that are no mask (a review: one-hot data with an always-present first category was exempted)
+    # a sentence pair's segment ids padded to 32, 0…0 1…1 0…0 (a review: told to drop positions 0-2)
+    first, second = torch.randint(3, 10, (200,), generator=g), torch.randint(2, 12, (200,), generator=g)
+    pos = torch.arange(32)
+    segments = torch.stack([((pos >= a) & (pos < a + b)).long() for a, b in zip(first, second)])
+    loader = torch.utils.data.DataLoader(list(zip(segments, torch.randint(0, 2, (200,), generator=g))), batch_size=32)
+    assert "constant-features" not in codes(run_data(loader, Options(**QUICK), context("cpu")))
+    # 0/1 columns that are no mask (reviews: one-hot data with an always-present first category, a 2-column field,
+    # sorted fractions in [0, 1] ending at 1.0 were exempted)
     onehot = (torch.rand(200, 8, generator=g) > 0.5).long()
     onehot[:, 0] = 1
-    loader = torch.utils.data.DataLoader(list(zip(onehot, torch.randint(0, 2, (200,), generator=g))), batch_size=32)
-    assert "constant-features" in codes(run_data(loader, Options(**QUICK), context("cpu")))
+    two = torch.stack([torch.ones(200, dtype=torch.long), torch.randint(0, 2, (200,), generator=g)], 1)
+    fractions = torch.cat([torch.rand(200, 9, generator=g).sort(1).values, torch.ones(200, 1)], 1)
+    for x in (onehot, two, fractions):
+        loader = torch.utils.data.DataLoader(list(zip(x, torch.randint(0, 2, (200,), generator=g))), batch_size=32)
+        assert "constant-features" in codes(run_data(loader, Options(**QUICK), context("cpu"))), x[:2]
 
 
 def test_an_unknown_torchvision_data_set_is_named_a_data_set():

@@ -319,7 +319,7 @@ def _constant(r, f, where, others: list[str] | None = None) -> None:
               "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
         return
     same, n = f.constant_features()
-    if same and n and f.other_shape is None and not _reached_by_all(f):
+    if same and n and f.other_shape is None and not _reached_by_all(f, same, n):
         # padded per batch: its "features" are positions (a sweep: a mask's first 5 positions, never padding, read as
         # constant features)
         shown = ", ".join(map(str, same[:10])) + (" …" if len(same) > 10 else "")
@@ -327,12 +327,18 @@ def _constant(r, f, where, others: list[str] | None = None) -> None:
               "they carry no information: drop them, or leave them (harmless to most models)")
 
 
-def _reached_by_all(f) -> bool:
-    """A 0/1 field every row of which is ones then zeros, or zeros then ones: a mask padded to a fixed length, whose
-    never-varying features are the positions every sample reaches, or none does (a sweep: padding="max_length" masks
-    were told to drop positions 0-4, which would put the mask out of step with its ids; a review: told by the columns
-    alone, one-hot data with a constant first column passed as a mask)."""
-    return f.lo == 0 and f.hi == 1 and (f.rows_fall or f.rows_rise)
+def _reached_by_all(f, same: list, n: int) -> bool:
+    """A field of positions padded to a fixed length: whole numbers in {0, 1}, 8 positions or more, every row in at
+    most SEGMENTS runs (a mask's ones then zeros, a sentence pair's segment ids 0…0 1…1 0…0), its never-varying
+    positions runs at either end (where every sample, or none, reaches). A sweep: padding="max_length" masks were
+    told to drop positions 0-4, which would put the mask out of step with its ids; reviews: one-hot data with a
+    constant first column passed as a mask, and a pair's segment ids did not."""
+    from .stats import SEGMENTS
+
+    head = next((i for i in range(n) if i not in same), n)   # the run at the start, then the one at the end
+    tail = next((i for i in range(n - 1, -1, -1) if i not in same), -1)
+    runs = set(same) == set(range(head)) | set(range(tail + 1, n))
+    return (f.integral and f.lo == 0 and f.hi == 1 and n >= 8 and f.row_changes <= SEGMENTS and runs)
 
 
 def label_summary(f) -> dict:

@@ -190,9 +190,10 @@ def _dtypes_fit(model, args, kwargs, exc) -> None:
     what the findings see (a review: rows 1e-12 apart collided)."""
     kinds = {p.dtype for p in model.parameters() if p.is_floating_point()}
     given = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor) and t.dtype == torch.float64]
-    if given and kinds == {torch.float32}:
-        raise UsageError(f"the data's input is float64 and the model's weights are float32: its forward failed "
-                         f"({exc.message}), and every training step would", hint="convert the data to float32 "
+    if given and kinds and torch.float64 not in kinds:
+        weights = "/".join(sorted(str(k).replace("torch.", "") for k in kinds))
+        raise UsageError(f"the data's input is float64 and the model's weights are {weights}: its forward failed "
+                         f"({exc.message}), and every training step would", hint="convert the data to the model's dtype "
                          "(X.astype(np.float32), torch.tensor(x, dtype=torch.float32)), or the model to float64 "
                          "(model.double())") from None
 

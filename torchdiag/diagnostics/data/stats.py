@@ -14,6 +14,8 @@ RESERVOIR = 4096          # values kept per channel for the histograms
 MAX_FEATURES = 4096       # per-feature statistics for 1-D samples up to this width
 MAX_CLASSES = 100_000     # distinct label values counted
 
+SEGMENTS = 2   # value changes along a row, at most, of a field of positions (a mask, segment ids): findings.py
+
 
 @dataclass
 class FieldStats:
@@ -42,8 +44,8 @@ class FieldStats:
     reservoir: list = field(default_factory=list)   # per channel: values kept for the histograms
     f_lo: Any = None                           # per feature (1-D samples): min and max
     f_hi: Any = None
-    rows_fall: bool = True                     # 1-D samples: every row so far non-increasing (1…1 0…0, a right-
-    rows_rise: bool = True                     # padded mask's) / non-decreasing (a left-padded mask's)
+    row_changes: int = 0                       # 1-D samples: the most value changes along one row so far (a
+                                               # padded mask's 1, a sentence pair's segment ids' 2)
     classes: dict[int, int] | None = None      # label value -> count (integral targets)
     first_of_class: dict[int, int] = field(default_factory=dict)
     drawn: dict[int, float] | None = None     # label -> the sampler's weight over its samples (a weighted loader)
@@ -134,10 +136,9 @@ class FieldStats:
         lo, hi = x.min(dim=0).values, x.max(dim=0).values
         self.f_lo = lo if self.f_lo is None else torch.minimum(self.f_lo, lo)
         self.f_hi = hi if self.f_hi is None else torch.maximum(self.f_hi, hi)
-        if (self.rows_fall or self.rows_rise) and x.shape[-1] > 1 and not x.is_complex():
-            step = x[:, 1:].float() - x[:, :-1].float()
-            self.rows_fall = self.rows_fall and bool((step <= 0).all())
-            self.rows_rise = self.rows_rise and bool((step >= 0).all())
+        if self.row_changes <= SEGMENTS and x.shape[-1] > 1 and not x.is_complex():
+            changes = (x[:, 1:] != x[:, :-1]).sum(1)
+            self.row_changes = max(self.row_changes, int(changes.max()) if changes.numel() else 0)
 
     def drawn_by(self, t, weights) -> None:
         """A loader that samples by weight draws a class in proportion to its samples' summed weights."""
