@@ -152,18 +152,20 @@ def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_
     assert r.code == 3 and 'raise RuntimeError(f"data loader lost its shard at step {step}")' in r.stderr   # its own
 
 
+TEN_STEPS = ("import sys, torch\n"
+             "model = torch.nn.Linear(4, 2)\n"
+             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+             "for _ in range(10):\n"
+             "    opt.zero_grad()\n"
+             "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+             "    opt.step()\n")
+
+
 def test_an_interrupt_the_scripts_trainer_caught_and_exited_on_is_an_interrupt(cli, tmp_path, monkeypatch):
     """A sweep: Lightning's fit catches KeyboardInterrupt, shuts down and calls sys.exit(1); under watch that was
     "the script failed: the script exited with status 1", exit 3. A plain sys.exit(1) stays a failure."""
     script = tmp_path / "train.py"
-    script.write_text("import sys, torch\n"
-                      "model = torch.nn.Linear(4, 2)\n"
-                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                      "for _ in range(10):\n"
-                      "    opt.zero_grad()\n"
-                      "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
-                      "    opt.step()\n"
-                      "try:\n"
+    script.write_text(TEN_STEPS + "try:\n"
                       "    raise KeyboardInterrupt\n"
                       "except KeyboardInterrupt:\n"
                       "    sys.exit(1) if 'caught' in sys.argv else sys.exit(0) if 'saved' in sys.argv else None\n"
@@ -185,14 +187,7 @@ def test_sigterm_the_script_caught_is_143_and_a_report_cut_by_a_second_signal_is
     from torchdiag.diagnostics.watch import report
 
     script = tmp_path / "train.py"
-    script.write_text("import sys, torch\n"
-                      "from torchdiag.errors import Terminated\n"
-                      "model = torch.nn.Linear(4, 2)\n"
-                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                      "for _ in range(10):\n"
-                      "    opt.zero_grad()\n"
-                      "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
-                      "    opt.step()\n"
+    script.write_text(TEN_STEPS + "from torchdiag.errors import Terminated\n"
                       "try:\n"
                       "    raise Terminated() if 'term' in sys.argv else KeyboardInterrupt()\n"
                       "except KeyboardInterrupt:\n"

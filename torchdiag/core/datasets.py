@@ -86,6 +86,17 @@ def _holds_samples(seq) -> bool:
     return scalar and len(tensors) <= 1
 
 
+def _split(spec: str, option: str) -> tuple[str, str]:
+    """(file or module, factory) of a data spec; a model source (timm:, hf:) or a malformed spec is a UsageError."""
+    if sources.is_source(spec):
+        raise UsageError(f"{option} '{spec}': {spec.partition(':')[0]}: names models, not data",
+                         hint=f"write it as {DATA_FORMS}")
+    try:
+        return loading.split_spec(spec)
+    except UsageError as exc:
+        raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
+
+
 def check_data_spec(spec: str, option: str = "DATA_SPEC") -> None:
     """Refuse a spec whose form or .py file is wrong before any work (check's configuration), without importing it:
     the file's own code runs once, when the data is loaded."""
@@ -93,13 +104,7 @@ def check_data_spec(spec: str, option: str = "DATA_SPEC") -> None:
 
     if spec.startswith("torchvision:"):
         return
-    if sources.is_source(spec):
-        raise UsageError(f"{option} '{spec}': {spec.partition(':')[0]}: names models, not data",
-                         hint=f"write it as {DATA_FORMS}")
-    try:
-        where, _ = loading.split_spec(spec)
-    except UsageError as exc:
-        raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
+    where, _ = _split(spec, option)
     # a dotted module is left to the load (a review: finding it here ran its package's __init__ and missed the folder
     # the loader puts on sys.path)
     if where.endswith(".py") and not os.path.exists(where):
@@ -114,13 +119,7 @@ def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 
     if spec.startswith("torchvision:"):
         obj, label = _torchvision_dataset(spec.partition(":")[2], kwargs)
         return LoadedData(obj, spec, kind_of(obj, label), label)
-    if sources.is_source(spec):
-        raise UsageError(f"{option} '{spec}': {spec.partition(':')[0]}: names models, not data",
-                         hint=f"write it as {DATA_FORMS}")
-    try:
-        where, name = loading.split_spec(spec)
-    except UsageError as exc:
-        raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
+    where, name = _split(spec, option)
     module = loading.import_module(where, "data file")
     factory = loading.find_factory(module, name, where)
     obj = _call(factory, name, kwargs, seed)
