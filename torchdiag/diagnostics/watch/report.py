@@ -284,6 +284,12 @@ def _its_steps(t, engine) -> str:
     return f"{engine.step} steps" if t.stepped >= engine.step else f"its {t.stepped} steps of the run's {engine.step}"
 
 
+def _listed(names: list[str]) -> tuple[bool, str]:
+    """(one tensor?, how the message names them): the name, or "N parameter tensors (compact list)"."""
+    one = len(names) == 1
+    return one, names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
+
+
 IDLE_STEPS = 50   # the run's steps, at least, for an optimizer that never stepped to be said to leave its parameters untrained
 
 
@@ -293,8 +299,7 @@ def _idle_optimizer(result: Result, engine) -> None:
     idle = engine.checks["idle_optimizer"]
     if not idle:
         return
-    names, one = list(idle), len(idle) == 1
-    what = names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
+    names, (one, what) = list(idle), _listed(list(idle))
     long = engine.step >= IDLE_STEPS
     result.add("not-in-optimizer", "warning" if long else "info", names[0] if one else common_path(names),
                f"{what} {'gets a gradient' if one else 'get gradients'} (first seen at the read of step "
@@ -312,8 +317,7 @@ def _held_late(result: Result, engine) -> None:
     late = engine.checks["held_late"]
     if not late:
         return
-    names, one = list(late), len(late) == 1
-    what = names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
+    names, (one, what) = list(late), _listed(list(late))
     result.add("not-in-optimizer", "info", names[0] if one else common_path(names),
                f"{what} {'got a gradient' if one else 'got gradients'} at the read of step {min(late.values())} while no "
                f"optimizer held {'it' if one else 'them'}, and an optimizer built or grown later holds "
@@ -372,8 +376,7 @@ def _wiring(result: Result, engine) -> None:
             groups.setdefault(name in engine.checks["orphaned"], []).append(name)
     for orphaned, names in groups.items():
         step = min(engine.checks["not_in_optimizer"][n] for n in names)
-        one = len(names) == 1
-        what = names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
+        one, what = _listed(names)
         why = (f"{'it was' if one else 'they were'} trained by an optimizer the run let go, and since then nothing "
                f"applies {'its' if one else 'their'} gradients" if orphaned else "it never trains" if one
                else "they never train")
@@ -1511,16 +1514,16 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         # never learned (GPT-2 at lr 0.1 stayed at chance): "converged" would mislead. Where it started is the first
         # window's median and the first 3 losses' (a run that fell within the first window fell: a review)
         start = statistics.median(values[:3])
+        never = initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start)
         still = _barely_moved(fastest, pairs[-1][0])
-        if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start) and still and classes >= 2 \
-                and med[-1] >= CHANCE[0] * math.log(classes):   # at chance or above it: knows nothing of the inputs
+        if never and still and classes >= 2 and med[-1] >= CHANCE[0] * math.log(classes):   # at chance or above it
             result.add("loss-plateau", "warning", "", f"the loss never fell below where it started (running median "
                        f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}), no better "
                        f"than chance (ln {classes} = {math.log(classes):.4g}), while the weights barely moved: {still}{of}",
                        unscaled + f"a learning rate too small to learn (it ended at {lr_at.get(pairs[-1][0], float('nan')):.3g}): "
                        "raise it (torchdiag lr-find suggests one); at a rate of the usual size, a gradient too small "
                        "to move the weights (torchdiag gradflow)")
-        elif initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
+        elif never:
             result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "
                        f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
                        unscaled + _at_chance(classes, med[-1]) + "if it should learn: a learning rate too high (weights that grew many times "
