@@ -538,9 +538,61 @@ def test_binary_and_one_hot_targets_are_not_class_indices():
     r = run_data(binary, Options(**QUICK, speed=False), context("cpu"), model=torch.nn.Linear(5, 1))   # a BCE logit
     assert r.data["num_classes"] is None and quiet(r) == []
     assert r.data["splits"]["train"]["labels"]["counts"] == {"0": 100, "1": 100}
-    one_hot = torch.nn.functional.one_hot(torch.arange(200) % 20, 20).float()
+    one_hot = torch.nn.functional.one_hot(torch.arange(200) % 20, 20).float()   # its classes by their argmax
     r = run_data(torch.utils.data.TensorDataset(x, one_hot), Options(**QUICK), context("cpu"))
+    labels = r.data["splits"]["train"]["labels"]
+    assert labels["counts"] == {str(c): 10 for c in range(20)} and not labels["multi_label"] and quiet(r) == []
+
+
+def _targets(y, x=None):
+    x = torch.randn(len(y), 6, generator=torch.Generator().manual_seed(1)) if x is None else x
+    return run_data(torch.utils.data.TensorDataset(x, y), Options(**QUICK, speed=False), context("cpu"))
+
+
+def test_a_one_hot_targets_never_hot_last_class_is_absent():
+    """A one-hot target's last column never hot, no model to give the class count: the width gives it (before, a
+    float (N, C) target had no label statistics at all)."""
+    y = torch.nn.functional.one_hot(torch.arange(120) % 4, 5).float()
+    f = one(_targets(y), "classes-absent")
+    assert f.severity == "warning" and "[4]" in f.message and "of [0, 5)" in f.message
+
+
+def test_multi_label_targets_count_each_label_and_name_the_constant_ones():
+    g = torch.Generator().manual_seed(0)
+    rates = torch.tensor([0.5, 0.3, 0.05, 0.0, 1.0, 0.2])
+    for y in ((torch.rand(300, 6, generator=g) < rates).float(), torch.rand(300, 6, generator=g) < rates):   # float, bool
+        r = _targets(y)
+        labels = r.data["splits"]["train"]["labels"]
+        assert labels["multi_label"] and not labels["per_element"]
+        assert labels["counts"] == {str(c): int(n) for c, n in enumerate(y.sum(0).tolist())}
+        f = one(r, "classes-absent")
+        assert "label(s) [3] never 1" in f.message and "label(s) [4] 1 in every sample" in f.message
+        assert "300 samples" in f.message and [row["train"] for row in r.tables[1].rows] == y.sum(0).int().tolist()
+    healthy = (torch.rand(300, 6, generator=g) < torch.tensor([0.5, 0.3, 0.05, 0.1, 0.9, 0.2])).float()
+    assert "classes-absent" not in codes(_targets(healthy))
+    soft = torch.softmax(torch.randn(300, 6, generator=g), 1)   # distillation targets: values, not labels
+    r = _targets(soft)
     assert r.data["splits"]["train"]["labels"] is None and quiet(r) == []
+
+
+def test_a_bool_field_gets_its_statistics():
+    """A bool mask beside the input: min, max and its share of True (its mean), where it had dashes before."""
+    g = torch.Generator().manual_seed(0)
+    x, mask = torch.randn(200, 6, generator=g), torch.rand(200, 6, generator=g) < 0.3
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 3)
+
+        def forward(self, x, m):
+            return self.lin(x * m)
+
+    data = torch.utils.data.TensorDataset(x, mask, torch.arange(200) % 3)
+    r = run_data(data, Options(**QUICK, speed=False), context("cpu"), model=Masked())
+    row = next(d for d in r.data["splits"]["train"]["fields"] if d["field"] == "[1]")
+    assert row["role"] == "input" and row["dtype"] == "bool" and (row["min"], row["max"]) == (0, 1)
+    assert row["mean"] == pytest.approx(mask.float().mean().item())
 
 
 @pytest.mark.slow

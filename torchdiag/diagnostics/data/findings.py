@@ -38,6 +38,7 @@ def add_all(r, st) -> None:
                 _target_scale(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
+                _label_columns(r, f, where, split)
                 _reach(r, st, f, where)
         # every input constant: then every sample repeats by definition (one constant field beside others that vary,
         # an all-ones attention mask, says nothing of repeats)
@@ -341,12 +342,23 @@ def _reached_by_all(f, same: list, n: int) -> bool:
     return (f.integral and f.lo == 0 and f.hi == 1 and n >= 8 and f.row_changes <= SEGMENTS and runs)
 
 
+def labelled(f) -> bool:
+    """A target with label counts: class indices (one-hot ones by their argmax) or a multi-label target's columns."""
+    return f.role == "target" and (bool(f.classes) and f.integral or f.multi_label)
+
+
+def label_counts(f) -> dict[int, int]:
+    """Samples per class, or per label of a multi-label target (its positives)."""
+    return f.positives() if f.multi_label else dict(f.classes or {})
+
+
 def label_summary(f) -> dict:
-    counts = dict(sorted(f.classes.items()))
+    counts = dict(sorted(label_counts(f).items()))
     present = [c for c, n in counts.items() if n and c != IGNORE_INDEX]
     ratio = (max(counts[c] for c in present) / min(counts[c] for c in present)) if present else None
     return {"field": f.name, "counts": {str(k): v for k, v in counts.items()}, "classes_seen": len(present),
-            "imbalance_ratio": ratio, "per_element": f.first_shape not in ((), (1,))}
+            "imbalance_ratio": ratio, "per_element": f.first_shape not in ((), (1,)) and f.columns is None,
+            "multi_label": f.multi_label}
 
 
 def class_count(st) -> int | None:
@@ -412,7 +424,8 @@ def _labels(r, st, f, where, split) -> None:
               f"{top / counts[low_c]:.1f}× the samples of the smallest (class {low_c}: {counts[low_c]:,})",
               "judge it by per-class metrics (balanced accuracy, F1, per-class recall), not accuracy alone" if held_out
               else f"weight the loss ({weight}) or sample by class (WeightedRandomSampler)")
-    span = expected if expected is not None else (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)
+    span = expected if expected is not None else f.first_shape[0] if f.columns is not None else \
+        (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)   # (one-hot: its width)
     if span is not None and span <= 100_000 and not values:
         absent = [c for c in range(span) if c not in counts]
         if absent == [0] and expected is None and len(counts) > 2 and sorted(counts) == list(range(1, span)):
@@ -424,6 +437,23 @@ def _labels(r, st, f, where, split) -> None:
             r.add("classes-absent", "warning", where, f"{len(absent)} class(es) of [0, {span}) have no sample: "
                   f"{absent[:20]}" + (" …" if len(absent) > 20 else ""),
                   "a split or filter dropped them; the model never learns (or is never tested on) them")
+
+
+def _label_columns(r, f, where, split: str) -> None:
+    """A multi-label target's labels that are 0 in every sample, or 1 in every sample: nothing to learn for them.
+    Info on a held-out split: a rare label's absence from a small one is the draw's, and it is not trained on."""
+    if not f.multi_label or f.count < 2:
+        return
+    counts = f.positives()
+    never = [c for c, n in counts.items() if n == 0]
+    always = [c for c, n in counts.items() if n == f.count]
+    said = [f"label(s) {never[:20]}{' …' if len(never) > 20 else ''} never 1"] if never else []
+    said += [f"label(s) {always[:20]}{' …' if len(always) > 20 else ''} 1 in every sample"] if always else []
+    if said:
+        r.add("classes-absent", "warning" if split == "train" else "info", where,
+              f"multi-label target of {len(counts)} labels: {'; '.join(said)} "
+              f"({f.count:,} samples)", "a label column not filled, or a filter that dropped its samples: the model "
+              "learns a constant for it (and its recall, precision or AUC is undefined on this split)")
 
 
 def target_range(f) -> tuple[float, float] | None:
@@ -475,8 +505,8 @@ def class_rows(st) -> list[dict]:
     per = {}
     for split, s in st.scans.items():
         for f in s.fields.values():
-            if f.role == "target" and f.classes and f.integral:
-                for c, n in f.classes.items():
+            if labelled(f):
+                for c, n in label_counts(f).items():
                     per.setdefault(c, {"class": c})[split] = n
                 total = sum((f.drawn or {}).values())
                 for c, w in (f.drawn or {}).items():   # a weighted sampler's: the share training draws

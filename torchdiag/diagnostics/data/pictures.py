@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .findings import label_counts, labelled
+
 
 def add_pictures(r, st) -> None:
     gal, channels = {}, {}
@@ -19,9 +21,10 @@ def add_pictures(r, st) -> None:
                 channels[f"{split}:{f.name}"] = values
                 for c, v in enumerate(values):
                     r.histograms[f"data/{split}/{f.name}/channel_{c}"] = v
-            if f.role == "target" and f.classes and f.integral:
-                counts = [f.classes[c] for c in sorted(f.classes)]
-                r.histograms[f"data/{split}/{f.name}/labels"] = np.repeat(np.array(sorted(f.classes), dtype=np.float64),
+            if labelled(f):   # samples per class, or per label of a multi-label target
+                per = label_counts(f)
+                counts = [per[c] for c in sorted(per)]
+                r.histograms[f"data/{split}/{f.name}/labels"] = np.repeat(np.array(sorted(per), dtype=np.float64),
                                                                           np.minimum(counts, 10_000))
     r.artefacts["gallery"] = gal
     r.artefacts["channels"] = channels

@@ -72,7 +72,7 @@ def _header(r: Result, st) -> None:
 def _split(s) -> dict:
     labels = None
     for f in s.fields.values():
-        if f.role == "target" and f.classes is not None and f.integral:
+        if F.labelled(f):
             labels = F.label_summary(f)
     return {"samples": s.samples, "total": s.total, "subset": s.subset, "batches": s.batches,
             "seconds": s.seconds, "complete": s.done,

@@ -46,7 +46,10 @@ class FieldStats:
     f_hi: Any = None
     row_changes: int = 0                       # 1-D samples: the most value changes along one row so far (a
                                                # padded mask's 1, a sentence pair's segment ids' 2)
-    classes: dict[int, int] | None = None      # label value -> count (integral targets)
+    classes: dict[int, int] | None = None      # label value -> count (integral targets; a one-hot target's argmax)
+    columns: Any = None                        # a 0/1 (N, C) float or bool target: each column's count of ones
+    one_hot: bool = True                       # ... and every row so far held exactly one 1
+    binary: bool = True                        # ... while every value so far was 0 or 1
     first_of_class: dict[int, int] = field(default_factory=dict)
     drawn: dict[int, float] | None = None     # label -> the sampler's weight over its samples (a weighted loader)
     seen: int = 0
@@ -67,8 +70,11 @@ class FieldStats:
             self.layout = layout(sample)
         elif sample != self.first_shape and self.other_shape is None:
             self.other_shape, self.other_at = sample, indices[0]
-        if t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
+        if t.is_complex() or t.numel() == 0:
             return
+        floating = t.is_floating_point() or t.dtype == torch.bool   # a bool (N, C) target is multi-label, not tokens
+        if t.dtype == torch.bool:   # a mask, a multi-label target: its values are 0 and 1
+            t = t.to(torch.uint8)
         # float32 work (float64 kept), float64 sums of centred values: no full float64 copy of an image batch;
         # 32/64-bit integers (ids, hashed labels) in float64, exact to 2^53 (float32 made 10**15 999999986991104)
         wide = (torch.float32, torch.float64) if t.is_floating_point() else (torch.int32, torch.int64)
@@ -100,8 +106,25 @@ class FieldStats:
             self._features(x, sample)
         # class labels: one integral value per sample, or integer tensors (masks, token labels); a float
         # (N, C) target is one-hot / multi-label / soft, not C class indices
-        if self.role == "target" and self.integral and (not t.is_floating_point() or sample in ((), (1,))):
+        if self.role == "target" and self.integral and (not floating or sample in ((), (1,))):
             self._labels(t, indices)
+        elif self.role == "target" and floating and len(sample) == 1 and sample == self.first_shape:
+            self._columns(x, indices)
+
+    def _columns(self, x, indices) -> None:
+        """A float or bool (N, C) target of 0s and 1s: each column's count of ones (a multi-label target's
+        positives per label). Rows of exactly one 1 all through are a one-hot target: its argmax is the class."""
+        if not self.binary or not 2 <= x.shape[1] <= MAX_FEATURES:
+            return
+        if not bool(((x == 0) | (x == 1)).all()):   # soft labels, smoothed, or values: no columns of labels
+            self.binary, self.one_hot, self.columns, self.classes, self.first_of_class = False, False, None, None, {}
+            return
+        ones = x.sum(0, dtype=torch.float64)
+        self.columns = ones if self.columns is None else self.columns + ones
+        if self.one_hot and bool((x.sum(1) == 1).all()):
+            self._labels(x.argmax(1), indices)
+        elif self.one_hot:   # a row with none or several: multi-label; the argmax counts so far meant nothing
+            self.one_hot, self.classes, self.first_of_class = False, None, {}
 
     def _channels(self, x, sample):
         """Per-channel merge; returns this batch's overall (count, mean, M2) merged from its channels."""
@@ -178,6 +201,15 @@ class FieldStats:
     @property
     def std(self) -> float | None:
         return max(self.m2, 0.0) ** 0.5 / self.values ** 0.5 if self.values else None
+
+    @property
+    def multi_label(self) -> bool:
+        """A (N, C) target of 0s and 1s whose rows are not all one-hot: C labels, each present or not."""
+        return self.columns is not None and not self.one_hot
+
+    def positives(self) -> dict[int, int]:
+        """A multi-label target's samples per label (a column's ones)."""
+        return dict(enumerate(int(v) for v in self.columns.tolist())) if self.multi_label else {}
 
     @property
     def constant(self) -> bool:
