@@ -847,6 +847,27 @@ def test_waiting_a_fraction_of_a_millisecond_a_batch_is_no_warning(wait_s, sever
     assert f"{1e3 * wait_s / 10:.2g} ms a batch" in f.message
 
 
+@pytest.mark.parametrize("better_wait_s,still", [(0.01, False), (1.0, True)])
+def test_more_workers_still_waiting_are_not_the_whole_fix(better_wait_s, still):
+    """A sweep: "set num_workers=2" where 2 workers still waited 99% of each step. The hint says the share that
+    remains and to make loading cheaper; where the count measured under 5% it is the whole fix."""
+    import types
+
+    from torchdiag.diagnostics.data import findings
+    from torchdiag.diagnostics.data.speed import Timing
+    from torchdiag.results import Result
+
+    t = Timing(0, batches=10, wait_s=2.0, step_s=0.003, stepped=True)
+    better = Timing(2, batches=10, wait_s=better_wait_s, step_s=0.3, stepped=True)
+    r = Result("data")
+    findings._input_bound(r, types.SimpleNamespace(training=t, sweep=[t, better]))
+    f = one(r, "input-bound")
+    assert f.hint.startswith("set num_workers=2"), f.hint
+    share = better.wait_share
+    assert ("make loading cheaper" in f.hint and f"{100 * share:.0f}% of each step still waits there" in f.hint) == still
+    assert (share >= 0.05) == still
+
+
 def test_a_held_out_split_s_imbalance_is_said_with_how_to_judge_it_and_a_binary_logit_gets_pos_weight():
     """A sweep: the validation split's imbalance repeated the training hint (weight the loss, resample), and a model
     with one output per sample was told CrossEntropyLoss(weight=...)."""

@@ -619,6 +619,15 @@ def balance_reason(st, workers: int) -> str:
     return f"the least waiting for data of the counts tried ({100 * min(shares):.1f}%; none under 5%)"
 
 
+def _still_waiting(fix) -> str:
+    """The best worker count measured still input-bound: more workers are not the whole fix (a sweep: "set
+    num_workers=2" where 2 workers still waited 99% of each step)."""
+    if fix is None or fix.wait_share is None or fix.wait_share < INPUT_BOUND[0]:
+        return ""
+    return (f", the least waiting measured, and make loading cheaper (decode once, cache, lighter transforms): "
+            f"{100 * fix.wait_share:.0f}% of each step still waits there")
+
+
 def _input_bound(r, st) -> None:
     t = st.training
     if t is None or t.wait_share is None or t.wait_share < INPUT_BOUND[0]:
@@ -648,7 +657,7 @@ def _input_bound(r, st) -> None:
           + (f"; {1e3 * per:.2g} ms a batch" if per is not None else "") + ")" + measured
           + (f": under {1e3 * WAIT_FLOOR_S:g} ms a batch, the loader's own overhead beside a step as short" if small
              else ""),
-          f"set num_workers={best}" if best is not None and best != t.num_workers else
+          f"set num_workers={best}" + _still_waiting(fix) if best is not None and best != t.num_workers else
           "make loading cheaper (decode once, cache, lighter transforms)" + (
               "; more workers were no better here" if more else
               # each worker of an unsharded stream adds a whole copy (a sweep: "use more workers" beside the copies)
