@@ -1051,6 +1051,30 @@ def test_output_facts_count_zero_rows_and_values_at_or_below_zero():
     assert output_facts(torch.zeros(3, 2).to_sparse()) == ""   # a sparse output tells nothing: no error
 
 
+_MASKED_LOG = textwrap.dedent('''
+    import torch, torch.nn as nn
+    def build():
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    def loss(out, target):   # probabilities of class 0 masked to exactly 0, then a log: the loss's own zero
+        p = torch.softmax(out, 1) * torch.tensor([0.0, 1.0, 1.0, 1.0])
+        return -torch.log(p.gather(1, target[:, None])).mean()
+    def batch():
+        torch.manual_seed(0)
+        return torch.randn(16, 8), torch.arange(16) % 4
+''')
+
+
+def test_a_log_of_a_probability_the_loss_zeroed_is_not_blamed_on_signed_logits(cli, tmp_path):
+    """A sweep: softmax, a mask, then log made the loss inf at a finite output, and the hint blamed the Linear's
+    negative logits ("a log of 0 or below"), whose log_softmax is finite. Said now: a probability the loss made 0."""
+    f = tmp_path / "m.py"
+    f.write_text(_MASKED_LOG)
+    r = cli("nancheck", f"{f}:build", "--batch", f"{f}:batch", "--loss", f"{f}:loss", "--device", "cpu", "--json")
+    (found,) = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "non-finite-loss"]
+    assert "its log_softmax over dim 1 is finite" in found["message"], found
+    assert "one became exactly 0" in found["message"] and "a log of 0 or below" not in found["message"], found
+
+
 def test_output_facts_name_an_output_too_large_to_square_not_a_log():
     """A sweep: an MSE regression blown up at lr 0.5 (output -1.6e37, finite) had its Inf loss explained by "a log of 0
     or below, or a division by a row's sum of 0": mse has neither; the square of the output overflows float32."""

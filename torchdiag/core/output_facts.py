@@ -27,7 +27,9 @@ def output_facts(t, maker: str | None = None) -> str:
         return ""
     x = t.detach().float()
     rows = x.reshape(x.shape[0], -1) if x.dim() >= 2 else x.reshape(1, -1)
-    zero_rows, nonpos, lo, hi = read_back([(rows == 0).all(1).sum(), (x <= 0).sum(), x.min(), x.max()])
+    logs = torch.log_softmax(x, 1) if x.dim() >= 2 and x.shape[1] > 1 else torch.nn.functional.logsigmoid(x)
+    zero_rows, nonpos, lo, hi, in_logs = read_back([(rows == 0).all(1).sum(), (x <= 0).sum(), x.min(), x.max(),
+                                                    torch.isfinite(logs).all()])
     top = max(abs(lo), abs(hi))
     # a helper's MSE run blown up to 1.6e37 was told of logs and divisions only; the loss is not known here, so the
     # size is said beside the other facts, with what it overflows (a review: log_softmax's difference, a sum)
@@ -39,6 +41,14 @@ def output_facts(t, maker: str | None = None) -> str:
     said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
     said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos and (zero_rows or not huge) else []
     held = f"holds {' and '.join(said)}" if said else "is finite"
+    # signed values, no zero row, a finite log_softmax: logits, whose probabilities are never 0 until the loss makes
+    # them so (a sweep: softmax, a mask, then log; the hint blamed the Linear's 145 negative logits)
+    logits = not zero_rows and lo < 0 and bool(in_logs)
+    why = (": a log taken of it directly is undefined there, but its "
+           + ("log_softmax over dim 1" if x.dim() >= 2 and x.shape[1] > 1 else "logsigmoid")
+           + " is finite: where the loss takes probabilities from it (a softmax or sigmoid, then a log), one became "
+             "exactly 0 (work in log space: cross_entropy or log_softmax on the logits, logsigmoid; or clamp before "
+             "the log)") if logits else ": a log of 0 or below, or a division by a row's sum of 0, is undefined there"
     return (f"the output {held} (min {lo:.4g}, max {hi:.4g})" + (f", made by {maker}" if maker else "")
-            + (": a log of 0 or below, or a division by a row's sum of 0, is undefined there" if said else "")
+            + (why if said else "")
             + (f"; {huge}" if huge and said else f": {huge}" if huge else ""))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from ...errors import DiagError, ModelError, UsageError, one_line
 from .rules import EarlyStop, schedule
 
 FAILED = [False, False, True]      # the agreement of a rank whose forward or loss raised
+DRAWS = 8                          # forwards with no update at a checked run's end: its loss's own scatter
 
 
 @dataclass
@@ -60,7 +62,8 @@ class Runner:
     def __init__(self, model, inputs, opts, ctx):
         self.model, self.batch, self.opts, self.ctx = model, inputs, opts, ctx
         self.repeats: list[Repeat] = []
-        self.checks: list[tuple[float, float, list[float]]] = []   # (factor, lr, losses)
+        self.checks: list[tuple[float, float, list[float], float]] = []   # (factor, lr, losses, spread at the end)
+        self.start_spread: float | None = None   # the loss's spread at the starting weights (_spread)
         self.range_seconds = self.check_seconds = 0.0
         self.updates = 0
         self.loss_rule = ""
@@ -123,6 +126,11 @@ class Runner:
         RNG and the targets of repeat 1): losses[0] before any update, losses[k] after k updates."""
         ctx, n = self.ctx, self.opts.check_steps
         t0 = time.perf_counter()
+        if self.start_spread is None:   # once: every checked run starts from these weights (reseeded below)
+            with train.seeded(ctx.seed):
+                run = Fresh(self.model, ctx, ctx.seed, "to check a learning rate")
+                self.start_spread = self._spread(run, "a draw at the starting weights")
+            del run
         with train.seeded(ctx.seed):
             run = Fresh(self.model, ctx, ctx.seed, "to check a learning rate")
             values = []
@@ -137,14 +145,32 @@ class Runner:
             import torch
 
             losses = torch.stack([v.to(values[0].device) for v in values]).tolist()   # one read per run
+            spread = self._spread(run, f"checked run at {lr:.3g}, a draw at its last weights") \
+                if math.isfinite(losses[-1]) else 0.0
         del run
         if self.agree is not None:
             losses = self._mean(losses)
-        self.checks.append((factor, lr, losses))
+        self.checks.append((factor, lr, losses, spread))
         self.check_seconds += time.perf_counter() - t0
         if self.opts.on_step:
             self.opts.on_step(self.updates, losses[-1])
         return losses
+
+    def _spread(self, run: Fresh, where: str) -> float:
+        """The loss's own scatter at the run's weights: the standard deviation of DRAWS forwards with no update
+        (0 for a deterministic forward; a dropout net's draws differ). A rise within it is the forward's draw, not
+        the rate's doing (a sweep: dropout 0.8, a loss of one draw read as diverged and unstable)."""
+        import torch
+
+        with torch.no_grad():
+            values = []
+            for _ in range(DRAWS):
+                values.append(self._evaluate(run, where).detach().float().reshape(()))
+                self._agreed([False, False, False])
+            draws = torch.stack([v.to(values[0].device) for v in values]).tolist()
+        if self.agree is not None:
+            draws = self._mean(draws)
+        return statistics.stdev(draws) if all(math.isfinite(v) for v in draws) else 0.0
 
     # --- one evaluation, one update ----------------------------------------------------------------
     def _evaluate(self, run: Fresh, where: str):

@@ -30,7 +30,8 @@ def describe_optimizer(spec) -> str:
 
 def build(runner, analyses, suggestion, opts, ctx, interrupted: int = 0) -> Result:
     result = Result("lr-find")
-    checks = [judge(Check(f, lr, losses), suggestion.tol, opts.diverge) for f, lr, losses in runner.checks]
+    checks = [judge(Check(f, lr, losses), suggestion.tol, opts.diverge, runner.start_spread or 0.0, spread)
+              for f, lr, losses, spread in runner.checks]
     done = suggestion is not None and len(checks) == len(LABEL)
     ceiling = _climbs_from(runner, analyses)
     best = pick(checks, suggestion.tol, ceiling) if done else None
