@@ -5275,6 +5275,38 @@ def test_a_loss_blown_up_by_the_first_updates_that_came_back_to_its_start_is_a_w
     assert "loss-diverged" not in codes(r), [f.message for f in r.findings]
 
 
+def test_a_run_that_ended_at_chance_with_its_weights_outgrown_is_a_warning():
+    """A sweep: SGD at lr 1 with momentum 0.9 (meant 0.1) on a ReLU MLP, 4 classes: a spike at step ~24, then the loss
+    at chance to the end, the weights 13x beyond a standard init's scale and the last hidden layer dead. Watch said
+    dead units and an info plateau whose hint named a rate too small among the causes. Here at lr 1.5 (the weights
+    38x: at lr 1 this seed's grow 9.6x, under the 10x the rule asks); at lr 0.1 the run learns."""
+    def run(lr):
+        torch.manual_seed(0)
+        w_true = torch.randn(16, 4)
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        start = model[2].weight.detach().norm().item()
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        losses = []
+        with Watch(model, opt) as w:
+            for _ in range(300):
+                x = torch.randn(64, 16)
+                loss = F.cross_entropy(model(x), (x @ w_true).argmax(1))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses, model[2].weight.detach().norm().item() / start, w.result()
+
+    losses, grew, r = run(1.5)
+    end = statistics.median(losses[-30:])
+    assert 0.9 * math.log(4) <= end and end >= 0.9 * losses[0] and grew > 10, (end, losses[0], grew)   # the premise
+    f = finding(r, "loss-plateau")
+    assert f.severity == "warning" and "no better than chance (ln 4" in f.message and "lower the learning rate" in f.hint
+    losses, _, r = run(0.1)
+    assert statistics.median(losses[-30:]) < 0.5 * losses[0]   # it learned
+    assert not [f for f in r.findings if f.code == "loss-plateau" and f.severity != "info"], r.findings
+
+
 @pytest.mark.parametrize("case", ["easy-first-batch", "growing-target"])
 def test_a_regression_that_learned_is_not_said_to_have_blown_up_and_back(case):
     """A review of the blown-up-and-back warning: (easy-first-batch) a linear regression whose first batch of 8 had
@@ -5333,6 +5365,68 @@ def test_a_loss_above_its_first_step_is_not_diverged_without_the_weights_outgrow
     assert judged(jumped, 40.0) == ["error"]   # the same curve with the weights grown 40x is the rule's case
     lucky = [0.01] + [math.exp(rng.gauss(0, 2.0)) for _ in range(299)]   # the first draw 4.6 sigma low
     assert judged(lucky, 40.0) == []
+
+
+def test_a_climb_that_began_in_the_first_window_says_the_first_loss():
+    """A sweep: MSE at 10x the rate, losses 42.8, 15.9, 472, 3138, ... to 7e25: "climbed ... above where it started
+    (4.09e+06)", the first window's median, read as data or an init at a scale of 1e6. Its first loss and the step it
+    first passed twice that are said."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    values = [42.8, 15.9, 471.9, 3137.7] + [3137.7 * 1.2 ** k for k in range(1, 297)]
+    result = Result("watch")
+    report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
+    (f,) = [f for f in result.findings if f.code == "loss-diverged"]
+    assert f.severity == "error" and "its first loss was 42.8 at step 1, above twice that from step 3" in f.message, \
+        f.message
+    calm = [1.0 + 0.01 * math.sin(k) for k in range(100)] + [1.0 * 1.05 ** k for k in range(200)]
+    result = Result("watch")
+    report._loss_curve(result, list(enumerate(calm, 1)), {}, Options())
+    assert [f for f in result.findings if f.code == "loss-diverged" and "its first loss" not in f.message]
+
+
+@pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask"])
+def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
+    """A sweep: nn.Sequential(Linear, ReLU, Linear, Dropout(0.5)) under cross-entropy passed: in training half the
+    logits are zeroed (the loss 0.742 against 0.503 in eval). The loss's input made by a dropout (a product with a mask
+    of 0 and 1 / (1 - p)) is said; a dropout before the head, or a 0/1 mask on the logits, is not."""
+    torch.manual_seed(0)
+    head = [nn.Linear(16, 32), nn.ReLU()] + ([nn.Dropout(0.3)] if case == "before-head" else []) + [nn.Linear(32, 4)]
+    model = nn.Sequential(*head, *([nn.Dropout(0.5)] if case == "after-head" else []))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    keep = (torch.arange(4) < 3).float()   # a class left out by a 0/1 mask: no scale, no dropout
+    with Watch(model, opt) as w:
+        for _ in range(20):
+            x = torch.randn(32, 16)
+            out = model(x)
+            out = F.dropout(out, 0.4, training=True) if case == "functional" else \
+                out * keep if case == "padding-mask" else out
+            loss = F.cross_entropy(out, (x[:, 0] > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    said = [f for f in w.result().findings if f.code == "dropout-into-loss"]
+    if case in ("after-head", "functional"):
+        (f,) = said
+        assert f.severity == "warning" and "cross_entropy's input came out of a dropout at step 1" in f.message, f.message
+        assert "drop the dropout after the last layer" in f.hint
+    else:
+        assert said == []
+
+
+def test_dead_units_say_when_they_died():
+    """A sweep: SGD at lr 1 killed 58 of a layer's 64 units by step 50; the finding named only the last two reads
+    (201 and 251). The first two reads in a row that found half of them dead are said (a unit counts as dead when a
+    read and the one before found it zero: stats._collect)."""
+    from torchdiag.diagnostics.watch import report
+
+    samples = [(2, 0, 0, False, 64), (51, 0, 58, True, 64), (101, 58, 60, True, 64), (151, 60, 61, True, 64),
+               (201, 62, 62, True, 64), (251, 63, 63, True, 64)]   # (step, newly dead, dead, never negative, units)
+    assert report._dead_since(samples) == "; 58 of them dead already at the reads of steps 51 and 101"
+    late = [(2, 0, 0, False, 64), (51, 0, 1, True, 64), (101, 2, 3, True, 64), (151, 3, 9, True, 64),
+            (201, 9, 30, True, 64), (251, 40, 41, True, 64)]
+    assert report._dead_since(late) == ""   # the most died at the last reads: those are named already
 
 
 def test_loss_diverged_is_judged_against_the_losses_own_noise():

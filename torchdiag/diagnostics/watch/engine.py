@@ -914,7 +914,8 @@ class Engine:
 
     def _look_at_graph(self, fn) -> None:
         """The ops nearest the loss (graph.py): a softmax into cross_entropy or nll_loss, an elementwise loss that
-        broadcast both sides, however the loss was written (F.cross_entropy, a module, by hand). Shapes only."""
+        broadcast both sides, a dropout on what the loss reads, however the loss was written (F.cross_entropy, a
+        module, by hand). Shapes only, but a CPU dropout mask's values (graph._dropped)."""
         from .graph import loss_faults
 
         try:
@@ -923,7 +924,7 @@ class Engine:
             return
         for fault in faults:
             kind = {"probs": "probs_into_loss", "broadcast": "loss_broadcast", "dim": "loss_dim",
-                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes"}[fault[0]]
+                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss"}[fault[0]]
             self.checks.setdefault(kind, (self.step + 1, *fault[1:]))
 
     # ----------------------------------------------------------------- optimizer steps

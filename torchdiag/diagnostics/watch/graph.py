@@ -13,7 +13,8 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 
 def loss_faults(fn) -> list[tuple]:
     """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
-    ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss) | ("classes", C)] found near `fn`:
+    ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss) | ("classes", C) | ("dropout", loss,
+    share zeroed or NaN)] found near `fn`:
     - the loss is a cross-entropy itself, its mean (nll_loss at the root): its class count, for a plateau's chance
       level;
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
@@ -22,7 +23,9 @@ def loss_faults(fn) -> list[tuple]:
       chance, and passed);
     - binary_cross_entropy_with_logits given a sigmoid's output (a sigmoid ending the model: the loss applies its
       own, so its floor is far above 0; a sweep: 0.54 against 0.11, passed);
-    - an elementwise loss whose input was grown by broadcasting against a target grown too ((N, 1) against (N,))."""
+    - an elementwise loss whose input was grown by broadcasting against a target grown too ((N, 1) against (N,));
+    - a loss whose input a dropout made (_dropped): it judges values zeroed at random (a sweep: Dropout(0.5) after
+      the head, the logits half zeros in training, cross-entropy 0.742 against 0.503 in eval: nothing said)."""
     found: list[tuple] = []
     seen: set[int] = set()
     parents: dict[int, object] = {}
@@ -53,6 +56,11 @@ def loss_faults(fn) -> list[tuple]:
             grown = _broadcast(node, first)
             if grown is not None:
                 found.append(("broadcast", ELEMENTWISE[kind], *grown))
+        if kind in LOSS_INPUTS and (node is fn or type(parents.get(id(node))).__name__.startswith("NllLoss")
+                                    or kind != "LogSoftmaxBackward0"):
+            dropped = _dropped(source)
+            if dropped is not None:
+                found.append(("dropout", LOSS_INPUTS[kind], dropped))
         for f, _ in node.next_functions:
             parents.setdefault(id(f), node)
             queue.append(f)
@@ -78,6 +86,33 @@ def _smoothing(log_softmax, parents: dict, classes: int) -> float | None:
             and math.isclose(share, (1 - keep) / classes, rel_tol=1e-6)):
         return 0.0   # a weighted sum of losses of the user's own (0.5 × cross_entropy + …)
     return 1 - keep
+
+
+LOSS_INPUTS = {"LogSoftmaxBackward0": "cross_entropy", "NllLossBackward0": "nll_loss", "NllLoss2DBackward0": "nll_loss",
+               "BinaryCrossEntropyWithLogitsBackward0": "binary_cross_entropy_with_logits",
+               "BinaryCrossEntropyBackward0": "binary_cross_entropy", **ELEMENTWISE}
+
+
+def _dropped(node) -> float | None:
+    """The share a dropout zeroed, where `node` made its values by one: torch's fused kernel (an accelerator's), or,
+    on the CPU, a product with a mask of 0 and one value c > 1 (1 / (1 - p), the inverted scale: a 0/1 padding mask
+    has no scale) that no gradient flows to. The mask is read on the CPU only (no wait there); None otherwise."""
+    kind = type(node).__name__
+    if kind in ("NativeDropoutBackward0", "FusedDropoutBackward0"):
+        scale = getattr(node, "_saved_scale", None) or getattr(node, "_saved_p", None)
+        return 1 - 1 / scale if isinstance(scale, float) and scale > 1 else math.nan
+    if kind != "MulBackward0" or getattr(node, "_saved_self", None) is not None:
+        return None
+    mask = getattr(node, "_saved_other", None)
+    if mask is None or mask.requires_grad or mask.device.type != "cpu" or not mask.is_floating_point() \
+            or mask.numel() < 2:
+        return None
+    import torch
+
+    values = torch.unique(mask)
+    if values.numel() != 2 or float(values[0]) != 0.0 or not float(values[1]) > 1.0:
+        return None
+    return float((mask == 0).float().mean())
 
 
 SHAPES = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TransposeBackward0", "TransposeBackward1",

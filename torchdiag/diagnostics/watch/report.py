@@ -1035,6 +1035,7 @@ def _probabilities(result: Result, engine) -> None:
     _broadcast(result, engine)
     _wrong_dim(result, engine)
     _sigmoid_into_logits(result, engine)
+    _dropout_into_loss(result, engine)
     got = engine.checks.get("probs_into_loss")
     if not got:
         return
@@ -1078,6 +1079,18 @@ def _sigmoid_into_logits(result: Result, engine) -> None:
                    "(without weights)",
                    "return the logits (drop the sigmoid at the end of the model); apply the sigmoid only for "
                    "predictions, or give the probabilities to binary_cross_entropy")
+
+
+def _dropout_into_loss(result: Result, engine) -> None:
+    got = engine.checks.get("dropout_into_loss")
+    if got:
+        step, loss, share = got
+        zeroed = f"{share:.0%} of its values (that batch's draw)" if math.isfinite(share) else "a share of its values"
+        result.add("dropout-into-loss", "warning", "", f"{loss}'s input came out of a dropout at step {step}: in "
+                   f"training {zeroed} are zeroed at random and the rest scaled up, so the loss judges values the model "
+                   "did not give, corrupted anew each step (in eval mode they are whole)",
+                   "drop the dropout after the last layer (a dropout belongs before a layer that learns from its "
+                   "output, not on the output the loss reads)")
 
 
 def _broadcast(result: Result, engine) -> None:
@@ -1489,11 +1502,23 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    f"at chance (ln {classes} = {math.log(classes):.4g}){of}", "the first updates were too large for the weights: lower the learning rate (10× for a start), "
                    "or warm it up")
         return
+    if not diverged and growth is not None and growth >= BLOWN_GROWTH and classes >= 2 and values[0] > 0 \
+            and med[-1] >= max(CHANCE[0] * math.log(classes), 0.9 * values[0]):
+        # the other side of the plateau's barely-moved warning: ended at chance, no lower than its first loss, the
+        # weights outgrown (a sweep: SGD at lr 1, momentum 0.9, 1.38 -> 1.39, the weights 13x, 63 of 64 units dead,
+        # was at most an info whose hint named a rate too small among the causes). _blown_and_back's shape, any peak
+        result.add("loss-plateau", "warning", "", f"the loss ended no better than chance (ln {classes} = "
+                   f"{math.log(classes):.4g}) and no lower than where it started ({values[0]:.4g} at step "
+                   f"{pairs[0][0]}; running median {med[-1]:.4g} at step {pairs[-1][0]}) while the weights' norm "
+                   f"grew {growth:.3g}× over the run (beyond a standard initialisation's scale){of}",
+                   unscaled + "updates that outgrew the weights learned nothing they kept: lower the learning rate "
+                   "(10× for a start)")
+        return
     excursion = None if diverged else _excursion_at_any(values, [s for s, _ in pairs], w, spiked, lr_at)
     if diverged:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
-                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g}){of}",
-                   _climb_hint(pairs, lr_at, pairs[best_i][0], w))
+                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g}"
+                   f"{_first_left(values, pairs, initial, w)}){of}", _climb_hint(pairs, lr_at, pairs[best_i][0], w))
     elif excursion:
         (a, b, low), (c, d, top), came_back, start, _, rise = excursion
         back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
@@ -1646,6 +1671,17 @@ def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     if low < 2 * values[0] and max(med[w - 1:]) < BLOWN_PEAK * values[0]:
         return False
     return math.log(med[-1] / values[0]) > BLOWN_K * _step_noise([math.log(v) for v in values if v > 0], w)
+
+
+def _first_left(values: list[float], pairs, initial: float, w: int) -> str:
+    """Where the first window's median, the start a climb is measured from, is far above the first loss: the blow-up
+    began inside that window; its first loss and the step it first passed twice that (a sweep: "above where it started
+    (4.09e+06)" for a run whose first losses were 42.8, 15.9, 472, 3138)."""
+    if not values[0] > 0 or initial < 2 * values[0]:
+        return ""
+    j = next((j for j, v in enumerate(values) if v > 2 * values[0]), None)
+    return (f", the median of its first {w} steps; its first loss was {values[0]:.4g} at step {pairs[0][0]}"
+            + (f", above twice that from step {pairs[j][0]}" if j is not None else ""))
 
 
 def _blown_and_back(values: list[float], med: list[float], w: int) -> bool:
@@ -2199,7 +2235,8 @@ def _dead(result: Result, engine) -> None:
                 f"all {int(newly)} that were non-zero at step {samples[0][0]}, the other {units - alive} zero on its "
                 "batch already; no unit of it non-zero now,")
         message = (f"{int(newly)} of {units} units of {name} went dead over the run ({were} "
-                   f"zero for every sample of the batches read at steps {samples[-2][0]} and {step}{after})")
+                   f"zero for every sample of the batches read at steps {samples[-2][0]} and {step}{after})"
+                   + _dead_since(samples))
         came = int(engine.checks.get("dead_arrived", {}).get(name, 0))   # stats._input_range
         if newly and came >= newly / 2:   # most: a dropout in train mode also zeroes a unit alive in a few samples
             inside = name.rsplit(".", 1)[0] if "." in name else "the model"
@@ -2215,6 +2252,18 @@ def _dead(result: Result, engine) -> None:
         else:
             result.add("dead-units", "warning", name, message,
                        _unscaled(engine) + "lower the learning rate, or use LeakyReLU/GELU")
+
+
+def _dead_since(samples) -> str:
+    """When the layer's units went dead: the first two reads in a row that found at least half of those dead at the
+    end dead already, where that is earlier than the last two (a sweep: SGD at lr 1 killed 58 of 64 by step 50; the
+    finding named only the reads at steps 201 and 251)."""
+    final = samples[-1][1]
+    j = next((j for j in range(1, len(samples)) if samples[j][1] >= max(DEAD_SHARE * final, 1)), len(samples) - 1)
+    if j >= len(samples) - 1:
+        return ""
+    return (f"; {int(samples[j][1])} of them dead already at the reads of steps {samples[j - 1][0]} and "
+            f"{samples[j][0]}")
 
 
 def _newly_dead(sample, alive: float) -> bool:
