@@ -575,6 +575,38 @@ def test_multi_label_targets_count_each_label_and_name_the_constant_ones():
     assert r.data["splits"]["train"]["labels"] is None and quiet(r) == []
 
 
+def test_per_position_labels_padded_to_a_fixed_length_are_not_multi_label():
+    """A review: binary token labels padded to 32 positions (lengths 5-20) read as 32 labels, "labels [20, ..., 31]
+    never 1" (a warning). Never-1 labels that run to the row's end are positions past every sequence: no per-label
+    statistics, as before; a genuine multi-label target with one unused last label keeps them."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 21, (256,), generator=g)
+    tags = (torch.rand(256, 32, generator=g) < 0.3) & (torch.arange(32) < lengths[:, None])
+    for y in (tags, tags.float()):
+        r = _targets(y)
+        assert r.data["splits"]["train"]["labels"] is None and "classes-absent" not in codes(r), r.findings
+
+
+def test_integer_multi_hot_targets_are_read_by_the_models_width():
+    """A review: sklearn's MultiLabelBinarizer gives int64 (N, C) 0/1 targets; beside a Linear(10, C) they were read
+    as per-element classes 0 and 1: a false class-imbalance (19.8x) and 18 classes "absent". With the model's C
+    outputs they are C labels (or C one-hot classes); without a model, per-position labels as before."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 10, generator=g)
+    hot = (torch.rand(600, 6, generator=g) < torch.tensor([0.05, 0.1, 0.3, 0.0, 0.2, 0.5])).long()
+    r = run_data(torch.utils.data.TensorDataset(x, hot), Options(**QUICK, speed=False), context("cpu"),
+                 model=torch.nn.Linear(10, 6))
+    labels = r.data["splits"]["train"]["labels"]
+    assert labels["multi_label"] and labels["counts"] == {str(c): int(n) for c, n in enumerate(hot.sum(0).tolist())}
+    assert codes(r, "warning") == ["classes-absent"] and "label(s) [3] never 1" in one(r, "classes-absent").message
+    classes = torch.arange(600) % 5
+    one_hot = torch.nn.functional.one_hot(classes, 6)   # int64, class 5 never hot
+    r = run_data(torch.utils.data.TensorDataset(x, one_hot), Options(**QUICK, speed=False), context("cpu"),
+                 model=torch.nn.Linear(10, 6))
+    assert r.data["splits"]["train"]["labels"]["counts"] == {str(c): 120 for c in range(5)}
+    assert "[5]" in one(r, "classes-absent").message and "class-imbalance" not in codes(r)
+
+
 def test_a_bool_field_gets_its_statistics():
     """A bool mask beside the input: min, max and its share of True (its mean), where it had dashes before."""
     g = torch.Generator().manual_seed(0)

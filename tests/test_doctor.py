@@ -1735,6 +1735,41 @@ def test_a_dropout_that_drops_most_of_its_input_is_said(p):
     assert f.severity == "warning" and f.where == "2" and "zeroes 90% of the values and scales the rest by 10" in f.message
 
 
+class _DropsItsLogits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return nn.functional.dropout(self.body(x), 0.3, self.training)
+
+
+@pytest.mark.parametrize("where", ["after-head", "functional", "before-head", "batchnorm-after"])
+def test_a_dropout_on_the_output_is_said(where):
+    """A sweep: Dropout(0.5) after the head passed (cross-entropy 0.742 in train mode against 0.503 in eval). The
+    train-mode output is the eval one with a share zeroed and the rest scaled by one constant: said; a dropout before
+    the head, or BatchNorm moving the output too, is not that."""
+    torch.manual_seed(0)
+    layers = {"after-head": [nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4), nn.Dropout(0.5)],
+              "before-head": [nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 4)],
+              "batchnorm-after": [nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4), nn.Dropout(0.5)]}
+    model = _DropsItsLogits() if where == "functional" else nn.Sequential(*layers[where])
+    x = torch.randn(16, 8)
+    with torch.no_grad():   # the premise, in plain torch: eval output vs a train one
+        e, t = model.eval()(x), model.train()(x)
+        kept = t != 0
+        constant = bool(torch.allclose(t[kept] / e[kept], (t[kept] / e[kept])[0].expand(int(kept.sum()))))
+    assert constant == (where in ("after-head", "functional"))
+    r = run_diag(model, x)
+    found = [f for f in r.findings if f.code == "dropout-into-loss"]
+    if where in ("after-head", "functional"):
+        (f,) = found
+        scale = "2" if where == "after-head" else "1.429"
+        assert f.severity == "warning" and f"the rest scaled by {scale}" in f.message, f.message
+    else:
+        assert not found
+
+
 def test_the_dropout_rate_message_near_one_says_what_torch_does():
     # a review: p = 0.999 was said "zeroes 100%", p = 1 "scales the rest by 1e+09"; torch zeroes everything at 1
     from torchdiag.core.dropout_rate import said

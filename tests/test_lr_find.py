@@ -357,6 +357,8 @@ def test_a_rise_within_the_forwards_own_scatter_is_no_divergence_nor_instability
     tol = 0.05
     above = [1.363, 1.49, 1.40, 1.52, 1.45, 1.48]      # a rate that cannot move the weights, ending one draw above L0
     assert rules.judge(rules.Check(1.0, 1e-7, above), tol, 4.0).diverged             # deterministic: a true climb
+    # a deterministic forward is judged as before: ending above L0 at all is diverged, within tol or not (a review)
+    assert rules.judge(rules.Check(1.0, 1e-3, [5.0, 5.01, 5.02, 5.02]), tol, 4.0).diverged
     assert not rules.judge(rules.Check(1.0, 1e-7, above), tol, 4.0, start=0.11).diverged
     run = [1.363, 1.48, 1.24, 1.01, 1.41, 1.06, 0.93, 1.72, 1.12, 1.02, 0.91, 0.79, 0.94, 1.00]
     assert rules.judge(rules.Check(1.0, 1e-2, run), tol, 4.0).unstable

@@ -5386,7 +5386,7 @@ def test_a_climb_that_began_in_the_first_window_says_the_first_loss():
     assert [f for f in result.findings if f.code == "loss-diverged" and "its first loss" not in f.message]
 
 
-@pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask"])
+@pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask", "renormalised-mask"])
 def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
     """A sweep: nn.Sequential(Linear, ReLU, Linear, Dropout(0.5)) under cross-entropy passed: in training half the
     logits are zeroed (the loss 0.742 against 0.503 in eval). The loss's input made by a dropout (a product with a mask
@@ -5402,7 +5402,13 @@ def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
             out = model(x)
             out = F.dropout(out, 0.4, training=True) if case == "functional" else \
                 out * keep if case == "padding-mask" else out
-            loss = F.cross_entropy(out, (x[:, 0] > 0).long())
+            y = (x[:, 0] > 0).long()
+            if case == "renormalised-mask":   # rows missing a label: zeroed both sides, the rest weighted up (a review)
+                valid = (torch.rand(32, 1) < 0.8).float()
+                weight = valid * (32 / valid.sum())
+                loss = F.mse_loss(out * weight, F.one_hot(y, 4).float() * weight)
+            else:
+                loss = F.cross_entropy(out, y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -5423,7 +5429,7 @@ def test_dead_units_say_when_they_died():
 
     samples = [(2, 0, 0, False, 64), (51, 0, 58, True, 64), (101, 58, 60, True, 64), (151, 60, 61, True, 64),
                (201, 62, 62, True, 64), (251, 63, 63, True, 64)]   # (step, newly dead, dead, never negative, units)
-    assert report._dead_since(samples) == "; 58 of them dead already at the reads of steps 51 and 101"
+    assert report._dead_since(samples) == "; 58 of its units dead already at the reads of steps 51 and 101"
     late = [(2, 0, 0, False, 64), (51, 0, 1, True, 64), (101, 2, 3, True, 64), (151, 3, 9, True, 64),
             (201, 9, 30, True, 64), (251, 40, 41, True, 64)]
     assert report._dead_since(late) == ""   # the most died at the last reads: those are named already

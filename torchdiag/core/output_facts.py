@@ -3,6 +3,8 @@ values <= 0 (a log's domain). Said where a loss went non-finite from a finite ou
 the module that made the output: a ReLU on the class outputs under a row-normalising loss (bench/bugs so_47352366)."""
 from __future__ import annotations
 
+import math
+
 
 def storage_ptr(t) -> int:
     """The address of a tensor's storage; 0 where it has none to give (sparse, nested, a subclass)."""
@@ -15,10 +17,10 @@ def storage_ptr(t) -> int:
 SQUARE_OVERFLOW = 1.8446744e19   # sqrt of float32's largest value: a square beyond it is Inf
 
 
-def output_facts(t, maker: str | None = None) -> str:
-    """`t`: the model's (first floating) output; `maker`: "name (Type)" of the module that made it. "" when the output
-    holds neither values too large to square, rows all 0 nor values <= 0, or cannot be read so (not a strided tensor).
-    One read."""
+def output_facts(t, maker: str | None = None, loss: float | None = None) -> str:
+    """`t`: the model's (first floating) output; `maker`: "name (Type)" of the module that made it; `loss`: the
+    non-finite loss's value where known. "" when the output holds neither values too large to square, rows all 0 nor
+    values <= 0, or cannot be read so (not a strided tensor). One read."""
     import torch
 
     from .readback import read_back
@@ -41,9 +43,10 @@ def output_facts(t, maker: str | None = None) -> str:
     said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
     said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos and (zero_rows or not huge) else []
     held = f"holds {' and '.join(said)}" if said else "is finite"
-    # signed values, no zero row, a finite log_softmax: logits, whose probabilities are never 0 until the loss makes
-    # them so (a sweep: softmax, a mask, then log; the hint blamed the Linear's 145 negative logits)
-    logits = not zero_rows and lo < 0 and bool(in_logs)
+    # signed values, no zero row, a finite log_softmax, a loss of ±inf: logits, whose probabilities are never 0 until
+    # the loss makes them so (a sweep: softmax, a mask, then log; the hint blamed the Linear's 145 negative logits). A
+    # NaN loss is a log of the negative values themselves (a review: log(output) on a Linear's output)
+    logits = not zero_rows and lo < 0 and bool(in_logs) and loss is not None and math.isinf(loss)
     why = (": a log taken of it directly is undefined there, but its "
            + ("log_softmax over dim 1" if x.dim() >= 2 and x.shape[1] > 1 else "logsigmoid")
            + " is finite: where the loss takes probabilities from it (a softmax or sigmoid, then a log), one became "

@@ -357,7 +357,8 @@ def label_summary(f) -> dict:
     present = [c for c, n in counts.items() if n and c != IGNORE_INDEX]
     ratio = (max(counts[c] for c in present) / min(counts[c] for c in present)) if present else None
     return {"field": f.name, "counts": {str(k): v for k, v in counts.items()}, "classes_seen": len(present),
-            "imbalance_ratio": ratio, "per_element": f.first_shape not in ((), (1,)) and f.columns is None,
+            "imbalance_ratio": ratio, "per_element": f.first_shape not in ((), (1,)) and not (
+                f.multi_label or f.hot is not None or (f.one_hot and f.columns is not None and not f.int_columns)),
             "multi_label": f.multi_label}
 
 
@@ -424,8 +425,8 @@ def _labels(r, st, f, where, split) -> None:
               f"{top / counts[low_c]:.1f}× the samples of the smallest (class {low_c}: {counts[low_c]:,})",
               "judge it by per-class metrics (balanced accuracy, F1, per-class recall), not accuracy alone" if held_out
               else f"weight the loss ({weight}) or sample by class (WeightedRandomSampler)")
-    span = expected if expected is not None else f.first_shape[0] if f.columns is not None else \
-        (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)   # (one-hot: its width)
+    span = expected if expected is not None else f.columns.numel() if f.columns is not None and f.one_hot \
+        and not f.int_columns else (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)
     if span is not None and span <= 100_000 and not values:
         absent = [c for c in range(span) if c not in counts]
         if absent == [0] and expected is None and len(counts) > 2 and sorted(counts) == list(range(1, span)):
@@ -442,17 +443,17 @@ def _labels(r, st, f, where, split) -> None:
 def _label_columns(r, f, where, split: str) -> None:
     """A multi-label target's labels that are 0 in every sample, or 1 in every sample: nothing to learn for them.
     Info on a held-out split: a rare label's absence from a small one is the draw's, and it is not trained on."""
-    if not f.multi_label or f.count < 2:
+    if not f.multi_label or f.column_rows < 2:
         return
     counts = f.positives()
     never = [c for c, n in counts.items() if n == 0]
-    always = [c for c, n in counts.items() if n == f.count]
+    always = [c for c, n in counts.items() if n == f.column_rows]
     said = [f"label(s) {never[:20]}{' …' if len(never) > 20 else ''} never 1"] if never else []
     said += [f"label(s) {always[:20]}{' …' if len(always) > 20 else ''} 1 in every sample"] if always else []
     if said:
         r.add("classes-absent", "warning" if split == "train" else "info", where,
               f"multi-label target of {len(counts)} labels: {'; '.join(said)} "
-              f"({f.count:,} samples)", "a label column not filled, or a filter that dropped its samples: the model "
+              f"({f.column_rows:,} samples)", "a label column not filled, or a filter that dropped its samples: the model "
               "learns a constant for it (and its recall, precision or AUC is undefined on this split)")
 
 

@@ -7,6 +7,7 @@ from . import findings as F
 
 def build(st, partial: str | None = None) -> Result:
     r = Result("data")
+    _settle_labels(st)
     _header(r, st)
     splits = {name: _split(s) for name, s in st.scans.items()}
     r.data["splits"] = splits
@@ -67,6 +68,15 @@ def _header(r: Result, st) -> None:
     if st.roles is not None:
         r.header["fields"] = st.roles.describe()
     r.header.setdefault("device", str(st.ctx.device))
+
+
+def _settle_labels(st) -> None:
+    """Integer (N, C) 0/1 targets read by the model's width (FieldStats.settle): C labels or C one-hot classes."""
+    width = None if F.values_not_classes(st) else F.class_count(st)
+    for s in st.scans.values():
+        for f in s.fields.values():
+            if f.role == "target":
+                f.settle(width)
 
 
 def _split(s) -> dict:

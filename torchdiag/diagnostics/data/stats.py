@@ -47,9 +47,12 @@ class FieldStats:
     row_changes: int = 0                       # 1-D samples: the most value changes along one row so far (a
                                                # padded mask's 1, a sentence pair's segment ids' 2)
     classes: dict[int, int] | None = None      # label value -> count (integral targets; a one-hot target's argmax)
-    columns: Any = None                        # a 0/1 (N, C) float or bool target: each column's count of ones
+    columns: Any = None                        # a 0/1 (N, C) target: each column's count of ones
+    column_rows: int = 0                       # ... over this many samples (of the first shape)
     one_hot: bool = True                       # ... and every row so far held exactly one 1
     binary: bool = True                        # ... while every value so far was 0 or 1
+    int_columns: bool = False                  # ... an integer one: token labels unless the model's width says C
+    hot: str | None = None                     # an integer one read as "multi" or "one-hot" by settle_labels
     first_of_class: dict[int, int] = field(default_factory=dict)
     drawn: dict[int, float] | None = None     # label -> the sampler's weight over its samples (a weighted loader)
     seen: int = 0
@@ -108,23 +111,31 @@ class FieldStats:
         # (N, C) target is one-hot / multi-label / soft, not C class indices
         if self.role == "target" and self.integral and (not floating or sample in ((), (1,))):
             self._labels(t, indices)
-        elif self.role == "target" and floating and len(sample) == 1 and sample == self.first_shape:
-            self._columns(x, indices)
+        if self.role == "target" and len(sample) == 1 and sample == self.first_shape:
+            self._columns(x, indices, floating)
 
-    def _columns(self, x, indices) -> None:
-        """A float or bool (N, C) target of 0s and 1s: each column's count of ones (a multi-label target's
-        positives per label). Rows of exactly one 1 all through are a one-hot target: its argmax is the class."""
+    def _columns(self, x, indices, floating: bool) -> None:
+        """A (N, C) target of 0s and 1s: each column's count of ones (a multi-label target's positives per label).
+        A float or bool one whose rows all hold exactly one 1 is one-hot: its argmax is the class. An integer one
+        (sklearn's MultiLabelBinarizer) is token labels or C labels: settle_labels decides by the model's width."""
         if not self.binary or not 2 <= x.shape[1] <= MAX_FEATURES:
             return
         if not bool(((x == 0) | (x == 1)).all()):   # soft labels, smoothed, or values: no columns of labels
-            self.binary, self.one_hot, self.columns, self.classes, self.first_of_class = False, False, None, None, {}
+            self.binary, self.one_hot, self.columns = False, False, None
+            if floating:
+                self.classes, self.first_of_class = None, {}
             return
+        self.int_columns = not floating
         ones = x.sum(0, dtype=torch.float64)
         self.columns = ones if self.columns is None else self.columns + ones
+        self.column_rows += x.shape[0]
         if self.one_hot and bool((x.sum(1) == 1).all()):
-            self._labels(x.argmax(1), indices)
+            if floating:
+                self._labels(x.argmax(1), indices)
         elif self.one_hot:   # a row with none or several: multi-label; the argmax counts so far meant nothing
-            self.one_hot, self.classes, self.first_of_class = False, None, {}
+            self.one_hot = False
+            if floating:
+                self.classes, self.first_of_class = None, {}
 
     def _channels(self, x, sample):
         """Per-channel merge; returns this batch's overall (count, mean, M2) merged from its channels."""
@@ -204,12 +215,33 @@ class FieldStats:
 
     @property
     def multi_label(self) -> bool:
-        """A (N, C) target of 0s and 1s whose rows are not all one-hot: C labels, each present or not."""
-        return self.columns is not None and not self.one_hot
+        """A (N, C) target of 0s and 1s whose rows are not all one-hot: C labels, each present or not. Not where
+        the labels never 1 are a run of two or more at the row's end: positions past every sequence's length, as
+        padding makes them (per-position labels padded to a fixed length: a review); nor an integer one that
+        settle_labels did not read as C labels."""
+        if self.columns is None or self.one_hot or (self.int_columns and self.hot != "multi"):
+            return False
+        tail = 0
+        for n in reversed(self.columns.tolist()):
+            if n:
+                break
+            tail += 1
+        return tail < 2
 
     def positives(self) -> dict[int, int]:
-        """A multi-label target's samples per label (a column's ones)."""
-        return dict(enumerate(int(v) for v in self.columns.tolist())) if self.multi_label else {}
+        """Samples per label (a column's ones) of a multi-label target, or per class of a one-hot integer one."""
+        return dict(enumerate(int(v) for v in self.columns.tolist())) if self.columns is not None else {}
+
+    def settle(self, width: int | None) -> None:
+        """An integer (N, C) 0/1 target beside a model of C outputs is C labels (multi-hot), or C classes where every
+        row is one-hot: its per-element counts {0, 1} were a false imbalance and C - 2 classes "absent" (a review)."""
+        if not self.int_columns or self.columns is None or width != self.columns.numel():
+            return
+        if self.one_hot:
+            self.hot, self.first_of_class = "one-hot", {}
+            self.classes = {c: n for c, n in self.positives().items() if n}   # (the classes seen, as _labels counts)
+        else:
+            self.hot, self.classes = "multi", None
 
     @property
     def constant(self) -> bool:

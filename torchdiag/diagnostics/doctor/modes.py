@@ -2,6 +2,8 @@
 train and eval outputs differ (info)."""
 from __future__ import annotations
 
+import math
+
 from ...results import Result
 from .checklist import Checklist
 from .shared import finite, max_diff, name, scale
@@ -88,6 +90,8 @@ def check_modes(model, eval_out, train_out, ck: Checklist, result: Result, depth
         ck.row("modes", "skipped", f"{none}; train and eval outputs not compared{dtxt}")
     else:
         ck.row("modes", "ok", f"{none}; train = eval output")
+    if not bad:
+        output_dropout(eval_out, train_out, ck)
 
 
 # a sweep: timm's mobileone_s0 as built, "difference 1.197e+15 ... as designed", read as a broken model
@@ -131,6 +135,39 @@ def _kinds(mods) -> str:
     for _, t in mods:
         counts[t] = counts.get(t, 0) + 1
     return " + ".join(f"{k} {t}" for t, k in counts.items())
+
+
+def output_dropout(eval_out, train_out, ck: Checklist) -> None:
+    """dropout-into-loss: the train-mode output is the eval-mode output with a share of its values zeroed and the rest
+    scaled by one constant c > 1 (inverted dropout's 1 / (1 - p)) — a dropout on the output the loss reads (a sweep:
+    Dropout(0.5) after the head, cross-entropy 0.742 in train mode against 0.503 in eval). Judged from the two
+    forwards' values alone; anything else that moves in train mode (BatchNorm's batch statistics, a dropout before
+    the head) makes the ratio vary, and nothing is said. One read."""
+    import torch
+
+    from ...core.loss import primary_output
+    from ...core.readback import read_back
+
+    e, t = primary_output(eval_out)[0], primary_output(train_out)[0]
+    if not (isinstance(e, torch.Tensor) and isinstance(t, torch.Tensor)) or e.shape != t.shape \
+            or not e.is_floating_point() or e.numel() < 8:
+        return
+    e, t = e.detach().float(), t.detach().float()
+    kept = (t != 0) & (e != 0)
+    ratio = torch.where(kept, t / torch.where(e != 0, e, torch.ones_like(e)), torch.zeros_like(e))
+    top, low = ratio.max(), torch.where(kept, ratio, torch.full_like(ratio, float("inf"))).min()
+    zeroed, whole, n_kept, hi, lo = read_back([((t == 0) & (e != 0)).sum(), (e != 0).sum(), kept.sum(), top, low])
+    if not (whole and n_kept and math.isfinite(hi) and math.isfinite(lo)):
+        return
+    share = zeroed / whole
+    if not 0.01 <= share <= 0.99 or not lo > 1.0 or hi - lo > 1e-3 * hi:
+        return
+    ck.find("modes", "dropout-into-loss", "warning", "(output)",
+            f"in train mode the model's output is its eval output with {share:.0%} of the values zeroed and the rest "
+            f"scaled by {lo:.4g}: a dropout on the output, so the loss judges values the model did not give, corrupted "
+            "anew each step (in eval mode they are whole)",
+            "drop the dropout after the last layer (a dropout belongs before a layer that learns from its output, not "
+            "on the output the loss reads)", verdict=f"the output is dropped out in train mode ({share:.0%})")
 
 
 def dropout_rate(work, ck: Checklist) -> None:

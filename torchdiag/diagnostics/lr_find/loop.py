@@ -23,7 +23,7 @@ from ...errors import DiagError, ModelError, UsageError, one_line
 from .rules import EarlyStop, schedule
 
 FAILED = [False, False, True]      # the agreement of a rank whose forward or loss raised
-DRAWS = 8                          # forwards with no update at a checked run's end: its loss's own scatter
+DRAWS = 16                         # forwards with no update at a checked run's end: its loss's own scatter
 
 
 @dataclass

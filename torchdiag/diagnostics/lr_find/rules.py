@@ -22,7 +22,7 @@ Per repeat: `fall` = start − the smoothed minimum. The curve is
 
 The point rules, each an index into the curve (shown side by side):
   valley   — the descent runs from the first point where the smoothed loss has fallen by 10% of `fall`, and by
-             more than tol, to the minimum; the suggestion is its middle (in log lr). fastai's default `valley` also takes the
+             more than 3σ, to the minimum; the suggestion is its middle (in log lr). fastai's default `valley` also takes the
              middle of its longest falling stretch (start + ½ of its length) but finds that stretch as the
              longest decreasing subsequence of the raw losses; on one fixed batch the loss falls by tiny
              steps from the very first rate, so that stretch would start at min_lr.
@@ -44,6 +44,7 @@ MIN_REL = 0.01          # … and above 1% of the starting loss
 VALLEY_FROM = 0.1       # the descent starts where 10% of the fall is done
 GIVE_BACK = 0.25        # a checked run that gives back > 25% of its progress is unstable
 CLEAR = 0.1             # one checked rate beats another clearly: 10% more of the fall (and > tol)
+RANGE_K = 2.5           # a checked run's rise is the forward's own draws' up to RANGE_K σ √(2 ln n) (judge)
 RULES = ("valley", "steepest", "min/10")
 
 
@@ -151,7 +152,7 @@ def analyse(lrs: list[float], initial: float, losses: list[float], steps: int, s
         # the descent starts where the loss is below its start by 10% of the fall and by more than the noise: a
         # dropout net's draws (σ 0.11 on a loss of 1.5) dipped below 10% of the fall on the plateau 200x below
         # where it falls (a sweep)
-        a = next(i for i in range(m + 1) if smooth[i] <= start - max(VALLEY_FROM * fall, tol))
+        a = next(i for i in range(m + 1) if smooth[i] <= start - max(VALLEY_FROM * fall, NOISE_K * sigma))
         rules = {"valley": lrs[(a + m) // 2], "steepest": lrs[steepest(lrs, smooth, m)], "min/10": lrs[m] / 10}
     return Analysis(status, start, smooth, sigma, tol, fall, rise, m, rules or {r: None for r in RULES}, a,
                     still_falling=status == "ok" and m == n - 1 and stopped is None,
@@ -207,13 +208,14 @@ def judge(c: Check, tol: float, diverge: float, start: float = 0.0, end: float =
     losses, n the number of losses). `start`, `end`: the standard deviation of the loss over forwards with no
     update at the starting weights and at the run's last ones (0 for a deterministic forward: a dropout net's
     draws differ). A rise is a fault only beyond what the draws alone make:
-      diverged — a loss is non-finite, or final > L0 + max(tol, NOISE_K σ √(1 + 1/k)), σ = start (the end's
-                 scatter is a blown-up run's own: 15 on a loss of 46) (it ended above where it
+      diverged — a loss is non-finite, or final > L0 + NOISE_K σ √(1 + 1/k), σ = start (the end's
+                 scatter is a blown-up run's own: 15 on a loss of 46; 0 for a deterministic forward, judged as
+                 before) (it ended above where it
                  started, beyond the noise of one draw against a mean of k: a dropout net's L0 is one draw, and a
                  rate that cannot move the weights ended 0.13 above it);
       unstable — not diverged, and at some step it gave back more than 25% of the progress made so far
                  (the rise above the lowest earlier loss, compared with L0 − that lowest loss) and more
-                 than max(tol, 2σ √(2 ln n)), σ = max(start, end) (the range n draws reach: a rise from the lowest of them to a later
+                 than max(tol, 2.5σ √(2 ln n)), σ = max(start, end) (past the range n draws reach: a rise from the lowest of them to a later
                  one is the largest gap among them), or a loss exceeded `diverge` × L0 (the range
                  test's stop rule) before it came back down; a rise before any progress (within tol of L0)
                  is compared with the whole run's progress instead (a ViT's first Adam update lifted its
@@ -225,8 +227,10 @@ def judge(c: Check, tol: float, diverge: float, start: float = 0.0, end: float =
     finite = all(math.isfinite(v) for v in ls)
     c.final = sum(ls[-k:]) / k if finite else math.nan
     # (trained is judged by tol alone: a fall needs no more evidence than a deterministic run's)
-    c.diverged = not finite or c.final > l0 + max(tol, NOISE_K * start * math.sqrt(1 + 1 / k))
-    noise = max(tol, 2 * max(start, end) * math.sqrt(2 * math.log(len(ls))))
+    c.diverged = not finite or c.final > l0 + NOISE_K * start * math.sqrt(1 + 1 / k)
+    # 2.5 where the range's mean is ~2: σ is estimated from DRAWS forwards, and an estimate low by a quarter made one
+    # run in 12 "unstable" at a dropout net's suggestion (a review)
+    noise = max(tol, RANGE_K * max(start, end) * math.sqrt(2 * math.log(len(ls))))
     c.unstable = not c.diverged and any(exceeds(v, l0, diverge) for v in ls[1:])
     if not c.diverged:
         low, whole = ls[0], l0 - min(ls)

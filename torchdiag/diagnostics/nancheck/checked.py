@@ -264,20 +264,20 @@ def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: 
         out_grad_bad = any(not e[1] for e in (events[s] for s in root.out_keys) if e is not None)
     checked, param_rows = param_grad_rows(model)
     rows, origin = backward_culprit(checker.calls, events, param_rows) if backward_ran else ([], None)
-    facts = output_note(output, checker.calls) if not math.isfinite(loss_value) and not output_bad else ""
+    facts = output_note(output, checker.calls, loss_value) if not math.isfinite(loss_value) and not output_bad else ""
     checker.release()
     return PassReport(len(checker.calls), checker.calls, checker.origin, output_bad, loss_value, loss_fn.describe(),
                       math.isfinite(loss_value), out_grad_bad, origin, rows, param_rows, checked, backward_ran, note,
                       output_note=facts)
 
 
-def output_note(output, calls) -> str:
+def output_note(output, calls, loss: float | None = None) -> str:
     """A loss non-finite from a finite output: core.output_facts of its first floating output, with the module that made
     it (the last call whose output is the model's)."""
     t = next((t for _, t in flatten(output, "output", []) if t.numel()), None)
     ptr = storage_ptr(t) if t is not None else 0
     maker = max((c for c in calls if c.name and ptr and c.out_ptr == ptr), key=lambda c: c.done, default=None)
-    return output_facts(t, f"{maker.name} ({maker.type})" if maker else None)
+    return output_facts(t, f"{maker.name} ({maker.type})" if maker else None, loss)
 
 
 def backward_culprit(calls, events, param_rows) -> tuple[list, dict | None]:

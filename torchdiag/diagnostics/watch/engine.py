@@ -1918,7 +1918,8 @@ class Engine:
             from .replay import replay
 
             root = call[0]()   # its modules named as the rows are where there are several models
-            event["replay"] = _norm_overflow(replay(root, *call[1:], prefix=self.root_prefix(root)), event,
+            event["replay"] = _norm_overflow(replay(root, *call[1:], prefix=self.root_prefix(root),
+                                                    loss=loss if isinstance(loss, float) else None), event,
                                              loss, self.tracks.values())
             # the batch the step went bad on was not told: a non-finite gradient with every loss finite (a review:
             # sqrt at 0 in micro-batch 1 of 4), or a loss off the CPU; the replay of the last says what it replayed

@@ -58,7 +58,7 @@ def loss_faults(fn) -> list[tuple]:
                 found.append(("broadcast", ELEMENTWISE[kind], *grown))
         if kind in LOSS_INPUTS and (node is fn or type(parents.get(id(node))).__name__.startswith("NllLoss")
                                     or kind != "LogSoftmaxBackward0"):
-            dropped = _dropped(source)
+            dropped = _dropped(source, getattr(node, "_saved_target", None))
             if dropped is not None:
                 found.append(("dropout", LOSS_INPUTS[kind], dropped))
         for f, _ in node.next_functions:
@@ -93,14 +93,17 @@ LOSS_INPUTS = {"LogSoftmaxBackward0": "cross_entropy", "NllLossBackward0": "nll_
                "BinaryCrossEntropyBackward0": "binary_cross_entropy", **ELEMENTWISE}
 
 
-def _dropped(node) -> float | None:
+def _dropped(node, target=None) -> float | None:
     """The share a dropout zeroed, where `node` made its values by one: torch's fused kernel (an accelerator's), or,
     on the CPU, a product with a mask of 0 and one value c > 1 (1 / (1 - p), the inverted scale: a 0/1 padding mask
-    has no scale) that no gradient flows to. The mask is read on the CPU only (no wait there); None otherwise."""
+    has no scale) that no gradient flows to, where the loss's `target` (if it has one) is not zero wherever the mask
+    is: a mask over missing labels, renormalised to keep the loss's mean, zeroes both sides (a review). The mask is
+    read on the CPU only (no wait there); None otherwise."""
     kind = type(node).__name__
     if kind in ("NativeDropoutBackward0", "FusedDropoutBackward0"):
-        scale = getattr(node, "_saved_scale", None) or getattr(node, "_saved_p", None)
-        return 1 - 1 / scale if isinstance(scale, float) and scale > 1 else math.nan
+        p, scale = getattr(node, "_saved_p", None), getattr(node, "_saved_scale", None)
+        return p if isinstance(p, float) and 0 < p < 1 else \
+            1 - 1 / scale if isinstance(scale, float) and scale > 1 else math.nan
     if kind != "MulBackward0" or getattr(node, "_saved_self", None) is not None:
         return None
     mask = getattr(node, "_saved_other", None)
@@ -112,7 +115,22 @@ def _dropped(node) -> float | None:
     values = torch.unique(mask)
     if values.numel() != 2 or float(values[0]) != 0.0 or not float(values[1]) > 1.0:
         return None
-    return float((mask == 0).float().mean())
+    off = mask == 0
+    if isinstance(target, torch.Tensor) and target.device.type == "cpu" and _zero_where(target, off):
+        return None
+    return float(off.float().mean())
+
+
+def _zero_where(target, off) -> bool:
+    """Is `target` 0 wherever the mask `off` (broadcast to it: a per-row mask of (N, 1)) is set?"""
+    import torch
+
+    try:
+        if torch.broadcast_shapes(off.shape, target.shape) != target.shape:
+            return False
+        return bool((target.masked_fill(~off.expand_as(target), 0) == 0).all())
+    except RuntimeError:
+        return False
 
 
 SHAPES = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TransposeBackward0", "TransposeBackward1",

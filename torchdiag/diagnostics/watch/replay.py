@@ -46,7 +46,7 @@ def _ranks() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def replay(root, args, kwargs, prefix: str = "") -> dict:
+def replay(root, args, kwargs, prefix: str = "", loss: float | None = None) -> dict:
     """{"direction": "weights"|"input"|"forward"|"backward"|"loss", "module", "type", "detail"} or {"error": ...}.
     `prefix`: the model's `Type#i.` where there are several, as the rows name its parameters."""
     import copy
@@ -72,7 +72,7 @@ def replay(root, args, kwargs, prefix: str = "") -> dict:
         for p in model.parameters():
             p.grad = None
         with torch.enable_grad():
-            found = _localise(model, args, kwargs, prefix)
+            found = _localise(model, args, kwargs, prefix, loss)
         if found.get("direction") == "loss" and module is not root and _ranks() > 1:
             # under DDP/FSDP a peer's non-finite gradient arrives through the reduction (a sweep: rank 0 was told its
             # own loss was the culprit for rank 1's NaN batch)
@@ -87,7 +87,7 @@ def replay(root, args, kwargs, prefix: str = "") -> dict:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _localise(model, args, kwargs, prefix: str = "") -> dict:
+def _localise(model, args, kwargs, prefix: str = "", loss: float | None = None) -> dict:
     names = {id(m): (prefix + n).rstrip(".") if prefix else n for n, m in model.named_modules()}
     calls: list = []   # [name, type, ins, outs, inputs finite, non-finite ones masks only, order, made a NaN]
     first: list = []
@@ -127,19 +127,19 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
                 "detail": f"{name or '(root)'} ({kind}) made a non-finite output from {held}"}
     found = _backward(model, calls, _floats(output), prefix)
     if found.get("direction") == "loss" and found.get("module") == "" and "outside the model" in found["detail"]:
-        facts = _output_facts(calls, _floats(output))
+        facts = _output_facts(calls, _floats(output), loss)
         found["detail"] += f"; {facts}" if facts else ""
     return found
 
 
-def _output_facts(calls, outputs) -> str:
+def _output_facts(calls, outputs, loss: float | None = None) -> str:
     """What in the finite output a loss finds undefined (core.output_facts), with the module that made it."""
     from ...core.output_facts import output_facts, storage_ptr
 
     t = next((t for t in outputs if t.is_floating_point()), None)
     ptr = storage_ptr(t) if t is not None else 0
     maker = next((rec for rec in reversed(calls) if ptr and rec[0] and any(storage_ptr(o) == ptr for o in rec[3])), None)
-    return output_facts(t, f"{maker[0]} ({maker[1]})" if maker else None)
+    return output_facts(t, f"{maker[0]} ({maker[1]})" if maker else None, loss)
 
 
 def _backward(model, calls, outputs, prefix: str = "") -> dict:

@@ -2262,7 +2262,7 @@ def _dead_since(samples) -> str:
     j = next((j for j in range(1, len(samples)) if samples[j][1] >= max(DEAD_SHARE * final, 1)), len(samples) - 1)
     if j >= len(samples) - 1:
         return ""
-    return (f"; {int(samples[j][1])} of them dead already at the reads of steps {samples[j - 1][0]} and "
+    return (f"; {int(samples[j][1])} of its units dead already at the reads of steps {samples[j - 1][0]} and "
             f"{samples[j][0]}")
 
 
