@@ -188,8 +188,10 @@ def _summary(result, curve, opts) -> None:
     if d["final_accuracy"] is not None:
         result.summary.append(("Batch accuracy", f"{100 * d['final_accuracy']:.1f}%"))
     result.summary += [
-        ("Steps", f"{steps} of {curve.budget}" + (f" (extended from {opts.budget}: the loss was still falling toward "
-                                                   "the target)" if curve.budget > opts.budget else "")
+        # "toward the target" was said of a loss falling toward a floor above it (a sweep: a dead-ReLU MLP's label
+        # entropy, named in the same report); the projection decides, the floor is the verdict's to say
+        ("Steps", f"{steps} of {curve.budget}" + (f" (extended from {opts.budget}: the loss was still falling there)"
+                                                   if curve.budget > opts.budget else "")
          + (f" (target reached at step {curve.reached_at})" if d["passed"] else "")),
         ("Time", f"{seconds:.2f} s ({steps / seconds:.1f} steps/s)" if seconds > 0 else "—"),
         ("Loss curve", sparkline(_thin(curve.losses, 60)) or "—"),
