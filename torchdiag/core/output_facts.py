@@ -47,11 +47,13 @@ def output_facts(t, maker: str | None = None, loss: float | None = None) -> str:
     # the loss makes them so (a sweep: softmax, a mask, then log; the hint blamed the Linear's 145 negative logits). A
     # NaN loss is a log of the negative values themselves (a review: log(output) on a Linear's output)
     logits = not zero_rows and lo < 0 and bool(in_logs) and loss is not None and math.isinf(loss)
-    why = (": a log taken of it directly is undefined there, but its "
-           + ("log_softmax over dim 1" if x.dim() >= 2 and x.shape[1] > 1 else "logsigmoid")
-           + " is finite: where the loss takes probabilities from it (a softmax or sigmoid, then a log), one became "
-             "exactly 0 (work in log space: cross_entropy or log_softmax on the logits, logsigmoid; or clamp before "
-             "the log)") if logits else ": a log of 0 or below, or a division by a row's sum of 0, is undefined there"
+    why = (": signed, as logits are, and its " + ("log_softmax over dim 1" if x.dim() >= 2 and x.shape[1] > 1 else
+                                                   "logsigmoid")
+           + " is finite, so the infinity came from the loss's own arithmetic on it: a log of a probability the loss "
+             "made exactly 0 (a softmax or sigmoid, then a mask or an underflow, then a log: work in log space, "
+             "cross_entropy or log_softmax on the logits, logsigmoid; or clamp before the log), a division by 0 (a "
+             "mean over an empty selection), or an exp that overflowed") if logits else \
+        ": a log of 0 or below, or a division by a row's sum of 0, is undefined there"
     return (f"the output {held} (min {lo:.4g}, max {hi:.4g})" + (f", made by {maker}" if maker else "")
             + (why if said else "")
             + (f"; {huge}" if huge and said else f": {huge}" if huge else ""))

@@ -435,8 +435,12 @@ def _labels(r, st, f, where, split) -> None:
                   "no sample)", "cross_entropy wants labels 0..N-1: subtract 1 (give --classes or --model to check "
                   "the count)")
         elif absent and not outside:
+            # an integer (N, C) of 0s and 1s read per element: C labels against a model of another width? (a review)
+            hot = (f"; the target is (N, {f.columns.numel()}) of 0s and 1s: if those are {f.columns.numel()} labels "
+                   f"(multi-hot), the model gives {expected} outputs"
+                   if f.int_columns and f.columns is not None and f.hot is None and expected is not None else "")
             r.add("classes-absent", "warning", where, f"{len(absent)} class(es) of [0, {span}) have no sample: "
-                  f"{absent[:20]}" + (" …" if len(absent) > 20 else ""),
+                  f"{absent[:20]}" + (" …" if len(absent) > 20 else "") + hot,
                   "a split or filter dropped them; the model never learns (or is never tested on) them")
 
 

@@ -52,7 +52,7 @@ class FieldStats:
     one_hot: bool = True                       # ... and every row so far held exactly one 1
     binary: bool = True                        # ... while every value so far was 0 or 1
     int_columns: bool = False                  # ... an integer one: token labels unless the model's width says C
-    hot: str | None = None                     # an integer one read as "multi" or "one-hot" by settle_labels
+    hot: str | None = None                     # an integer one read as "multi" or "one-hot" (settle)
     first_of_class: dict[int, int] = field(default_factory=dict)
     drawn: dict[int, float] | None = None     # label -> the sampler's weight over its samples (a weighted loader)
     seen: int = 0
@@ -117,7 +117,7 @@ class FieldStats:
     def _columns(self, x, indices, floating: bool) -> None:
         """A (N, C) target of 0s and 1s: each column's count of ones (a multi-label target's positives per label).
         A float or bool one whose rows all hold exactly one 1 is one-hot: its argmax is the class. An integer one
-        (sklearn's MultiLabelBinarizer) is token labels or C labels: settle_labels decides by the model's width."""
+        (sklearn's MultiLabelBinarizer) is token labels or C labels: settle decides by the model's width."""
         if not self.binary or not 2 <= x.shape[1] <= MAX_FEATURES:
             return
         if not bool(((x == 0) | (x == 1)).all()):   # soft labels, smoothed, or values: no columns of labels
@@ -217,9 +217,11 @@ class FieldStats:
     def multi_label(self) -> bool:
         """A (N, C) target of 0s and 1s whose rows are not all one-hot: C labels, each present or not. Not where
         the labels never 1 are a run of two or more at the row's end: positions past every sequence's length, as
-        padding makes them (per-position labels padded to a fixed length: a review); nor an integer one that
-        settle_labels did not read as C labels."""
-        if self.columns is None or self.one_hot or (self.int_columns and self.hot != "multi"):
+        padding makes them (per-position labels padded to a fixed length: a review), unless the model's C outputs
+        say they are labels (settle); nor an integer one that settle did not read as C labels."""
+        if self.hot == "multi":
+            return True
+        if self.columns is None or self.one_hot or self.int_columns:
             return False
         tail = 0
         for n in reversed(self.columns.tolist()):
@@ -233,9 +235,13 @@ class FieldStats:
         return dict(enumerate(int(v) for v in self.columns.tolist())) if self.columns is not None else {}
 
     def settle(self, width: int | None) -> None:
-        """An integer (N, C) 0/1 target beside a model of C outputs is C labels (multi-hot), or C classes where every
-        row is one-hot: its per-element counts {0, 1} were a false imbalance and C - 2 classes "absent" (a review)."""
-        if not self.int_columns or self.columns is None or width != self.columns.numel():
+        """A (N, C) 0/1 target beside a model of C outputs is C labels (multi-hot), or C classes where every row is
+        one-hot: an integer one's per-element counts {0, 1} were a false imbalance and C - 2 classes "absent" (a
+        review); a float one's unused last labels are labels, not padding (a second review)."""
+        if self.columns is None or width != self.columns.numel():
+            return
+        if not self.int_columns:
+            self.hot = None if self.one_hot else "multi"
             return
         if self.one_hot:
             self.hot, self.first_of_class = "one-hot", {}

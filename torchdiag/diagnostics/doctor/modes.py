@@ -142,7 +142,8 @@ def output_dropout(eval_out, train_out, ck: Checklist) -> None:
     scaled by one constant c > 1 (inverted dropout's 1 / (1 - p)) — a dropout on the output the loss reads (a sweep:
     Dropout(0.5) after the head, cross-entropy 0.742 in train mode against 0.503 in eval). Judged from the two
     forwards' values alone; anything else that moves in train mode (BatchNorm's batch statistics, a dropout before
-    the head) makes the ratio vary, and nothing is said. One read."""
+    the head) makes the ratio vary, and nothing is said; so does AlphaDropout, which sets what it drops to a constant.
+    One read."""
     import torch
 
     from ...core.loss import primary_output
@@ -152,6 +153,9 @@ def output_dropout(eval_out, train_out, ck: Checklist) -> None:
     if not (isinstance(e, torch.Tensor) and isinstance(t, torch.Tensor)) or e.shape != t.shape \
             or not e.is_floating_point() or e.numel() < 8:
         return
+    # the ratio of two values rounded in a half dtype spreads by a few of its ulps (a review: Dropout(0.1) in
+    # bfloat16, 6.7e-3 against a tolerance of 1e-3)
+    spread = max(1e-3, 4 * torch.finfo(e.dtype).eps)
     e, t = e.detach().float(), t.detach().float()
     kept = (t != 0) & (e != 0)
     ratio = torch.where(kept, t / torch.where(e != 0, e, torch.ones_like(e)), torch.zeros_like(e))
@@ -160,14 +164,16 @@ def output_dropout(eval_out, train_out, ck: Checklist) -> None:
     if not (whole and n_kept and math.isfinite(hi) and math.isfinite(lo)):
         return
     share = zeroed / whole
-    if not 0.01 <= share <= 0.99 or not lo > 1.0 or hi - lo > 1e-3 * hi:
+    if not 0.01 <= share <= 0.99 or not lo > 1.0 or hi - lo > spread * hi:
         return
     ck.find("modes", "dropout-into-loss", "warning", "(output)",
             f"in train mode the model's output is its eval output with {share:.0%} of the values zeroed and the rest "
-            f"scaled by {lo:.4g}: a dropout on the output, so the loss judges values the model did not give, corrupted "
+            f"scaled by {(lo + hi) / 2:.3g}: a dropout on the output, so the loss judges values the model did not give, corrupted "
             "anew each step (in eval mode they are whole)",
             "drop the dropout after the last layer (a dropout belongs before a layer that learns from its output, not "
-            "on the output the loss reads)", verdict=f"the output is dropped out in train mode ({share:.0%})")
+            "on the output the loss reads); a backbone whose output feeds a head of your own (timm's num_classes=0 "
+            "with drop_rate) has it before that head, where it belongs",
+            verdict=f"the output is dropped out in train mode ({share:.0%})")
 
 
 def dropout_rate(work, ck: Checklist) -> None:

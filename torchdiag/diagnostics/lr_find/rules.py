@@ -208,15 +208,14 @@ def judge(c: Check, tol: float, diverge: float, start: float = 0.0, end: float =
     losses, n the number of losses). `start`, `end`: the standard deviation of the loss over forwards with no
     update at the starting weights and at the run's last ones (0 for a deterministic forward: a dropout net's
     draws differ). A rise is a fault only beyond what the draws alone make:
-      diverged — a loss is non-finite, or final > L0 + NOISE_K σ √(1 + 1/k), σ = start (the end's
-                 scatter is a blown-up run's own: 15 on a loss of 46; 0 for a deterministic forward, judged as
-                 before) (it ended above where it
-                 started, beyond the noise of one draw against a mean of k: a dropout net's L0 is one draw, and a
-                 rate that cannot move the weights ended 0.13 above it);
+      diverged — a loss is non-finite, or final > L0 + NOISE_K σ √(1 + 1/k), σ = start: it ended above where it
+                 started, beyond the noise of one draw against a mean of k (a dropout net's L0 is one draw, and a
+                 rate that cannot move the weights ended 0.13 above it; the end's scatter is a blown-up run's own,
+                 15 on a loss of 46; σ = 0 for a deterministic forward, judged as before);
       unstable — not diverged, and at some step it gave back more than 25% of the progress made so far
-                 (the rise above the lowest earlier loss, compared with L0 − that lowest loss) and more
-                 than max(tol, 2.5σ √(2 ln n)), σ = max(start, end) (past the range n draws reach: a rise from the lowest of them to a later
-                 one is the largest gap among them), or a loss exceeded `diverge` × L0 (the range
+                 (the rise above the lowest earlier loss, compared with L0 − that lowest loss) and more than
+                 max(tol, RANGE_K σ √(2 ln n)), σ = max(start, end) (past the range n draws reach: a rise from the
+                 lowest of them to a later one is the largest gap among them), or a loss exceeded `diverge` × L0 (the range
                  test's stop rule) before it came back down; a rise before any progress (within tol of L0)
                  is compared with the whole run's progress instead (a ViT's first Adam update lifted its
                  loss 3% on the way to a 98% fall: not a run that gives its progress back);

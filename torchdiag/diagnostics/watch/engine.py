@@ -924,7 +924,8 @@ class Engine:
             return
         for fault in faults:
             kind = {"probs": "probs_into_loss", "broadcast": "loss_broadcast", "dim": "loss_dim",
-                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss"}[fault[0]]
+                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss",
+                    "masked": "loss_masks_labels"}[fault[0]]
             self.checks.setdefault(kind, (self.step + 1, *fault[1:]))
 
     # ----------------------------------------------------------------- optimizer steps
