@@ -59,6 +59,10 @@ def test_frozen_and_uncalled(untouched):
     rows = {row["name"]: row for row in r.table("layers").rows}
     assert rows["aux_head"]["output_shape"] == "(not called)" and rows["aux_head"]["params"] == 34
     assert rows["table"]["trainable"] == "no"
+    # the footnote about dim rows only under a table with one (a sweep: said under every table)
+    assert "dim rows never ran in forward" in r.table("layers").note
+    model, inputs = load("mlp.py:build")
+    assert "dim rows" not in run("summary", model, inputs).table("layers").note
 
 
 def test_batchnorm_stats_and_mode_untouched(untouched):

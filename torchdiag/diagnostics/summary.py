@@ -227,7 +227,9 @@ def _layer_table(rows, depth, title) -> Table:
         r["_label"] = "  " * (r["depth"] - 1) + r["name"].rsplit(".", 1)[-1] if r["depth"] > 1 else r["name"]
     cols = [Column("_label", "module"), Column("type", "type"), Column("_shape", "output shape"),
             Column("params", "params", "count"), Column("trainable", "trainable")]
-    note = f"depth ≤ {depth}; params of a module include its submodules; dim rows never ran in forward"
+    # said where a row is dim (a sweep: the footnote under a table with none)
+    note = f"depth ≤ {depth}; params of a module include its submodules" + (
+        "; dim rows never ran in forward" if any(r.get("_style") == "dim" for r in rows) else "")
     table = Table("layers", title, cols, rows, note=note, tb_scalars=("params",))
     return table
 

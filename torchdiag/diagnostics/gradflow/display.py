@@ -51,8 +51,8 @@ def tables(result, rows, layer_rows, act_rows, scale, opts, reduced: str | None 
         Column("grad_norm", "grad norm", "float"), Column("mean_abs_grad", "mean |grad|", "float"),
         Column("max_abs_grad", "max |grad|", "float"), Column("_bar", "mean |grad| (log)", "bar"), *under,
         Column("status", "status", "status")], layer_rows,
-        note=f"depth ≤ {opts.depth}; bar: mean |grad| on a log scale from {10 ** lo:.1e} to {10 ** hi:.1e}; "
-             f"dim rows never ran in forward{note}"))
+        note=f"depth ≤ {opts.depth}; bar: mean |grad| on a log scale from {10 ** lo:.1e} to {10 ** hi:.1e}"
+             + ("; dim rows never ran in forward" if any(not r["ran"] for r in layer_rows) else "") + note))
     ptable = Table("params", "Parameters", [
         Column("name", "parameter"), Column("_shape", "shape"), Column("grad_norm", "grad norm", "float"),
         Column("weight_norm", "weight norm", "float"), Column("grad_weight_ratio", "grad/weight", "float"),
