@@ -1078,7 +1078,14 @@ def test_a_log_of_a_probability_the_loss_zeroed_is_not_blamed_on_signed_logits(c
     f.write_text(_MASKED_LOG.replace("p = torch.softmax(out, 1) * torch.tensor([0.0, 1.0, 1.0, 1.0])", "p = out"))
     r = cli("nancheck", f"{f}:build", "--batch", f"{f}:batch", "--loss", f"{f}:loss", "--device", "cpu", "--json")
     (found,) = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "non-finite-loss"]
-    assert "a log of 0 or below" in found["message"] and "made exactly 0" not in found["message"], found
+    assert "a log taken of the output itself is NaN at its values below 0" in found["message"], found
+    assert "made exactly 0" not in found["message"], found
+    # a mean over an empty selection: 0/0, NaN, with no log (a third review)
+    f.write_text(_MASKED_LOG.replace("return -torch.log(p.gather(1, target[:, None])).mean()",
+                                     "keep = target > 9\n    return (out[keep] ** 2).sum() / keep.sum()"))
+    r = cli("nancheck", f"{f}:build", "--batch", f"{f}:batch", "--loss", f"{f}:loss", "--device", "cpu", "--json")
+    (found,) = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "non-finite-loss"]
+    assert "0/0 is NaN (a mean over an empty selection" in found["message"], found
 
 
 def test_output_facts_name_an_output_too_large_to_square_not_a_log():

@@ -5387,14 +5387,14 @@ def test_a_climb_that_began_in_the_first_window_says_the_first_loss():
 
 
 @pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask", "renormalised-mask",
-                                  "sparse-targets"])
+                                  "sparse-targets", "masked-dropout"])
 def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
     """A sweep: nn.Sequential(Linear, ReLU, Linear, Dropout(0.5)) under cross-entropy passed: in training half the
     logits are zeroed (the loss 0.742 against 0.503 in eval). The loss's input made by a dropout (a product with a mask
     of 0 and 1 / (1 - p)) is said; a dropout before the head, or a 0/1 mask on the logits, is not."""
     torch.manual_seed(0)
     head = [nn.Linear(16, 32), nn.ReLU()] + ([nn.Dropout(0.3)] if case == "before-head" else []) + [nn.Linear(32, 4)]
-    model = nn.Sequential(*head, *([nn.Dropout(0.5)] if case == "after-head" else [nn.Dropout(0.1)]
+    model = nn.Sequential(*head, *([nn.Dropout(0.5)] if case in ("after-head", "masked-dropout") else [nn.Dropout(0.1)]
                                    if case == "sparse-targets" else []))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     keep = (torch.arange(4) < 3).float()   # a class left out by a 0/1 mask: no scale, no dropout
@@ -5405,7 +5405,8 @@ def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
             out = F.dropout(out, 0.4, training=True) if case == "functional" else \
                 out * keep if case == "padding-mask" else out
             y = (x[:, 0] > 0).long()
-            if case == "renormalised-mask":   # rows missing a label: zeroed both sides, the rest weighted up (a review)
+            if case in ("renormalised-mask", "masked-dropout"):   # rows missing a label: zeroed both sides, the
+                # rest weighted up to keep the mean (a review): no dropout; one under it is (a third review)
                 valid = (torch.rand(32, 1) < 0.8).float()
                 weight = valid * (32 / valid.sum())
                 loss = F.mse_loss(out * weight, F.one_hot(y, 4).float() * weight)
@@ -5417,9 +5418,9 @@ def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
             loss.backward()
             opt.step()
     said = [f for f in w.result().findings if f.code == "dropout-into-loss"]
-    if case in ("after-head", "functional", "sparse-targets"):
+    if case in ("after-head", "functional", "sparse-targets", "masked-dropout"):
         (f,) = said
-        loss = "mse_loss" if case == "sparse-targets" else "cross_entropy"
+        loss = "mse_loss" if case in ("sparse-targets", "masked-dropout") else "cross_entropy"
         assert f.severity == "warning" and f"{loss}'s input came out of a dropout at step 1" in f.message, f.message
         assert "drop the dropout after the last layer" in f.hint
     else:

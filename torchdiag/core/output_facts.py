@@ -43,17 +43,20 @@ def output_facts(t, maker: str | None = None, loss: float | None = None) -> str:
     said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
     said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos and (zero_rows or not huge) else []
     held = f"holds {' and '.join(said)}" if said else "is finite"
-    # signed values, no zero row, a finite log_softmax, a loss of ±inf: logits, whose probabilities are never 0 until
-    # the loss makes them so (a sweep: softmax, a mask, then log; the hint blamed the Linear's 145 negative logits). A
-    # NaN loss is a log of the negative values themselves (a review: log(output) on a Linear's output)
-    logits = not zero_rows and lo < 0 and bool(in_logs) and loss is not None and math.isinf(loss)
-    why = (": signed, as logits are, and its " + ("log_softmax over dim 1" if x.dim() >= 2 and x.shape[1] > 1 else
-                                                   "logsigmoid")
-           + " is finite, so the infinity came from the loss's own arithmetic on it: a log of a probability the loss "
-             "made exactly 0 (a softmax or sigmoid, then a mask or an underflow, then a log: work in log space, "
-             "cross_entropy or log_softmax on the logits, logsigmoid; or clamp before the log), a division by 0 (a "
-             "mean over an empty selection), or an exp that overflowed") if logits else \
-        ": a log of 0 or below, or a division by a row's sum of 0, is undefined there"
+    # signed values, no zero row, a finite log_softmax: logits, whose probabilities are never 0 until the loss makes
+    # them so (a sweep: softmax, a mask, then log; the hint blamed the Linear's 145 negative logits). An infinite loss
+    # is the loss's own arithmetic; a NaN one a log of the negative values themselves (a review) or 0/0 (a mean over
+    # an empty mask: a third review)
+    logits = not zero_rows and lo < 0 and bool(in_logs) and loss is not None and not math.isfinite(loss)
+    soft = "log_softmax over dim 1" if x.dim() >= 2 and x.shape[1] > 1 else "logsigmoid"
+    why = (f": signed, as logits are, and its {soft} is finite, so the infinity came from the loss's own arithmetic on "
+           "it: a log of a probability the loss made exactly 0 (a softmax or sigmoid, then a mask or an underflow, then "
+           "a log: work in log space, cross_entropy or log_softmax on the logits, logsigmoid; or clamp before the "
+           "log), a non-zero value divided by 0, or an exp or a square that overflowed (a target too large)"
+           if logits and loss is not None and math.isinf(loss) else
+           f": signed, as logits are, and its {soft} is finite: a log taken of the output itself is NaN at its values "
+           "below 0, and 0/0 is NaN (a mean over an empty selection: a mask of zeros, every target ignored)"
+           if logits else ": a log of 0 or below, or a division by a row's sum of 0, is undefined there")
     return (f"the output {held} (min {lo:.4g}, max {hi:.4g})" + (f", made by {maker}" if maker else "")
             + (why if said else "")
             + (f"; {huge}" if huge and said else f": {huge}" if huge else ""))

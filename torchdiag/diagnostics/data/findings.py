@@ -436,16 +436,12 @@ def _labels(r, st, f, where, split) -> None:
                   "no sample)", "cross_entropy wants labels 0..N-1: subtract 1 (give --classes or --model to check "
                   "the count)")
         elif absent and not outside:
-            # an integer (N, C) of 0s and 1s read per element: C labels against a model of another width? (a review)
-            hot = (f"; the target is (N, {f.columns.numel()}) of 0s and 1s: if those are {f.columns.numel()} labels "
-                   f"(multi-hot), the model gives {expected} outputs"
-                   if f.int_columns and f.columns is not None and f.hot is None and expected is not None else "")
             # per-position labels over a vocabulary (a language model's next tokens): ids a text never uses are the
             # norm (a sweep: "950 classes of [0, 1000) have no sample" on a GPT-2's data, "a split dropped them")
             vocab = span >= VOCAB and f.first_shape not in ((), (1,)) and f.columns is None
             r.add("classes-absent", "info" if vocab else "warning", where,
                   f"{len(absent)} class(es) of [0, {span}) have no sample: {absent[:20]}"
-                  + (" …" if len(absent) > 20 else "") + hot
+                  + (" …" if len(absent) > 20 else "")
                   + (f": per-position labels over {span:,} classes, a vocabulary's token ids, of which a text uses "
                      "some" if vocab else ""),
                   "token ids the data never holds are the norm; fewer than you expect may mean a tokenizer other "
@@ -461,6 +457,8 @@ def _label_columns(r, f, where, split: str) -> None:
     counts = f.positives()
     never = [c for c, n in counts.items() if n == 0]
     always = [c for c, n in counts.items() if n == f.column_rows]
+    tail = _tail(never, len(counts))
+    never = [c for c in never if c not in tail]
     said = [f"label(s) {never[:20]}{' …' if len(never) > 20 else ''} never 1"] if never else []
     said += [f"label(s) {always[:20]}{' …' if len(always) > 20 else ''} 1 in every sample"] if always else []
     if said:
@@ -468,6 +466,21 @@ def _label_columns(r, f, where, split: str) -> None:
               f"multi-label target of {len(counts)} labels: {'; '.join(said)} "
               f"({f.column_rows:,} samples)", "a label column not filled, or a filter that dropped its samples: the model "
               "learns a constant for it (and its recall, precision or AUC is undefined on this split)")
+    if tail:   # a per-token tagger's (N, T) logits have a width too (a review): padding, or labels unused
+        r.add("classes-absent", "info", where, f"labels {tail[0]}–{tail[-1]} of {len(counts)} are never 1 "
+              f"({f.column_rows:,} samples), a run to the row's end: positions past every sequence's length if "
+              "these are per-position labels padded to a fixed length; if they are labels, none has a sample",
+              "labels: check the label list against the data; padding: nothing to do")
+
+
+def _tail(never: list[int], width: int) -> list[int]:
+    """The never-1 labels that run to the row's last, two or more (FieldStats.multi_label's padding)."""
+    run = []
+    for c in range(width - 1, -1, -1):
+        if c not in never:
+            break
+        run.append(c)
+    return run[::-1] if len(run) >= 2 else []
 
 
 def target_range(f) -> tuple[float, float] | None:

@@ -924,8 +924,11 @@ class Engine:
             return
         for fault in faults:
             kind = {"probs": "probs_into_loss", "broadcast": "loss_broadcast", "dim": "loss_dim",
-                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss",
-                    "masked": "loss_masks_labels"}[fault[0]]
+                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss"}[fault[0]]
+            if kind == "dropout_into_loss":   # looks, and those whose mask averaged exactly 1 (graph._dropped)
+                looks = self.checks.setdefault("dropout_looks", [0, 0])
+                looks[0], looks[1] = looks[0] + 1, looks[1] + fault[3]
+                fault = fault[:3]
             self.checks.setdefault(kind, (self.step + 1, *fault[1:]))
 
     # ----------------------------------------------------------------- optimizer steps

@@ -1083,7 +1083,8 @@ def _sigmoid_into_logits(result: Result, engine) -> None:
 
 def _dropout_into_loss(result: Result, engine) -> None:
     got = engine.checks.get("dropout_into_loss")
-    if got and not engine.checks.get("loss_masks_labels"):   # a batch whose label mask dropped few rows (graph.TIED)
+    looks, exact = engine.checks.get("dropout_looks", (0, 0))
+    if got and exact < looks:   # every mask averaging exactly 1: a label mask made to (graph._dropped)
         step, loss, share = got
         zeroed = f"{share:.0%} of its values (that batch's draw)" if math.isfinite(share) else "a share of its values"
         result.add("dropout-into-loss", "warning", "", f"{loss}'s input came out of a dropout at step {step}: in "
