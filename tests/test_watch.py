@@ -5217,6 +5217,22 @@ def test_small_updates_of_weights_that_grew_tenfold_are_not_told_the_rate_may_be
         [(f.where, f.hint) for f in low]
 
 
+def _argmax_run(model, opt, truth, steps: int, batch: int, sched=None):
+    """Watched cross-entropy steps on fresh batches labelled by the argmax of x @ truth: (losses, result)."""
+    losses = []
+    with Watch(model, opt) as w:
+        for _ in range(steps):
+            x = torch.randn(batch, truth.shape[0])
+            loss = F.cross_entropy(model(x), (x @ truth).argmax(1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            losses.append(loss.item())
+    return losses, w.result()
+
+
 def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():
     """A sweep: a warm-up over 20 steps to Adam at lr 2 took the loss from 1.34 to a first window's median of 5.1 and
     ~115 to the end (the weights 129x): a warning that said it "was still at 115.5", exit 0. The blown-up rule tested
@@ -5225,19 +5241,9 @@ def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.Adam(model.parameters(), lr=2.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
-    truth = torch.randn(16, 4)
-    losses = []
-    with Watch(model, opt) as w:
-        for _ in range(150):
-            x = torch.randn(32, 16)
-            loss = F.cross_entropy(model(x), (x @ truth).argmax(1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
+    losses, r = _argmax_run(model, opt, torch.randn(16, 4), 150, 32, sched)
     assert statistics.median(losses[-30:]) > 20 * losses[0]   # the premise: it ended far above where it started
-    f = finding(w.result(), "loss-diverged")
+    f = finding(r, "loss-diverged")
     assert f.severity == "error" and "never came back" in f.message, f.message
 
 
@@ -5285,17 +5291,8 @@ def test_a_run_that_ended_at_chance_with_its_weights_outgrown_is_a_warning():
         w_true = torch.randn(16, 4)
         model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
         start = model[2].weight.detach().norm().item()
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        losses = []
-        with Watch(model, opt) as w:
-            for _ in range(300):
-                x = torch.randn(64, 16)
-                loss = F.cross_entropy(model(x), (x @ w_true).argmax(1))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-        return losses, model[2].weight.detach().norm().item() / start, w.result()
+        losses, r = _argmax_run(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), w_true, 300, 64)
+        return losses, model[2].weight.detach().norm().item() / start, r
 
     losses, grew, r = run(1.5)
     end = statistics.median(losses[-30:])
