@@ -5384,7 +5384,7 @@ def test_a_climb_that_began_in_the_first_window_says_the_first_loss():
 
 
 @pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask", "renormalised-mask",
-                                  "sparse-targets", "masked-dropout"])
+                                  "sparse-targets", "masked-dropout", "row-mask"])
 def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
     """A sweep: nn.Sequential(Linear, ReLU, Linear, Dropout(0.5)) under cross-entropy passed: in training half the
     logits are zeroed (the loss 0.742 against 0.503 in eval). The loss's input made by a dropout (a product with a mask
@@ -5406,6 +5406,9 @@ def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
                 # rest weighted up to keep the mean (a review): no dropout; one under it is (a third review)
                 valid = (torch.rand(32, 1) < 0.8).float()
                 weight = valid * (32 / valid.sum())
+                loss = F.mse_loss(out * weight, F.one_hot(y, 4).float() * weight)
+            elif case == "row-mask":   # a per-row label mask at a known missing rate, not made to average 1
+                weight = (torch.rand(32, 1) < 0.9).float() / 0.9   # (a fourth review: read as a dropout)
                 loss = F.mse_loss(out * weight, F.one_hot(y, 4).float() * weight)
             elif case == "sparse-targets":   # 1% non-zero: 0 wherever the dropout dropped, by chance (a second review)
                 loss = F.mse_loss(out, (torch.rand(32, 4) < 0.01).float() * torch.rand(32, 4))

@@ -55,7 +55,9 @@ def output_facts(t, maker: str | None = None, loss: float | None = None) -> str:
            "log), a non-zero value divided by 0, or an exp or a square that overflowed (a target too large)"
            if logits and loss is not None and math.isinf(loss) else
            f": signed, as logits are, and its {soft} is finite: a log taken of the output itself is NaN at its values "
-           "below 0, and 0/0 is NaN (a mean over an empty selection: a mask of zeros, every target ignored)"
+           "below 0; 0/0 is NaN (a mean over an empty selection: a mask of zeros, every target ignored), so are "
+           "0 × log 0 (a hand-written cross-entropy whose sigmoid or softmax saturated to exactly 0 where the target "
+           "is 0: use the logits' own loss) and ∞ − ∞ (a log-sum-exp written without its max)"
            if logits else ": a log of 0 or below, or a division by a row's sum of 0, is undefined there")
     return (f"the output {held} (min {lo:.4g}, max {hi:.4g})" + (f", made by {maker}" if maker else "")
             + (why if said else "")

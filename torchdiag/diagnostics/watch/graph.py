@@ -59,8 +59,10 @@ def loss_faults(fn) -> list[tuple]:
         if kind in LOSS_INPUTS and (node is fn or type(parents.get(id(node))).__name__.startswith("NllLoss")
                                     or kind != "LogSoftmaxBackward0"):
             dropped = _dropped(source)
-            if dropped is not None and dropped[1] and source.next_functions:   # a label mask: what it masks, too
-                under = _dropped(_through_shapes(source.next_functions[0][0]))   # (a review: a dropout under one)
+            if (dropped is None or dropped[1]) and type(source).__name__ == "MulBackward0":
+                # a label mask (per row, or made to average 1): what it masks, too (a review: a dropout under one)
+                below = next((f for f, _ in source.next_functions if f is not None), None)   # (mask on either side)
+                under = _dropped(_through_shapes(below)) if below is not None else None
                 dropped = under if under is not None else dropped
             if dropped is not None:
                 found.append(("dropout", LOSS_INPUTS[kind], *dropped))
@@ -99,29 +101,45 @@ LOSS_INPUTS = {"LogSoftmaxBackward0": "cross_entropy", "NllLossBackward0": "nll_
 def _dropped(node) -> tuple[float, bool] | None:
     """(the share a dropout zeroed, whether its mask averages exactly 1), where `node` made its values by one: torch's
     fused kernel (an accelerator's), or, on the CPU, a product with a mask of 0 and one value c > 1 (1 / (1 - p), the
-    inverted scale: a 0/1 padding mask has no scale) that no gradient flows to. A mask made to average 1 (a label
-    mask renormalised to keep the loss's mean, `valid / valid.mean()`) looks the same at one look; a dropout's keeps a
-    binomial count, so its mean is exactly 1 at a few looks at most (report: said unless every look's was; a review's
-    rule on the target's zeros missed Dropout2d and sparse targets and fired on masked regressions). The mask is read
-    on the CPU only (no wait there); None otherwise."""
+    inverted scale: a 0/1 padding mask has no scale) that no gradient flows to, of the product's own shape: a dropout
+    draws each value; a label mask is per sample or per token, broadcast over the values (a review: per-row masks of
+    many forms, `valid / 0.9`, square-root weights, hard examples kept, read as dropouts). Not of one value per sample
+    (a one-output head: a dropout's mask and a label mask are alike there, so a dropout on it is not seen). A mask made to average 1
+    (`valid / valid.mean()`) looks the same at one look; a dropout's keeps a binomial count, so its mean is exactly 1
+    at a few looks at most (report: said unless every look's was). The mask is read on the CPU only (no wait there);
+    None otherwise. Not seen: a channel dropout (Dropout2d's mask is broadcast over positions)."""
     kind = type(node).__name__
     if kind in ("NativeDropoutBackward0", "FusedDropoutBackward0"):
         p, scale = getattr(node, "_saved_p", None), getattr(node, "_saved_scale", None)
         share = p if isinstance(p, float) and 0 < p < 1 else \
             1 - 1 / scale if isinstance(scale, float) and scale > 1 else math.nan
         return share, False
-    if kind != "MulBackward0" or getattr(node, "_saved_self", None) is not None:
-        return None
-    mask = getattr(node, "_saved_other", None)
-    if mask is None or mask.requires_grad or mask.device.type != "cpu" or not mask.is_floating_point() \
-            or mask.numel() < 2:
+    if kind != "MulBackward0":
         return None
     import torch
 
+    saved = [getattr(node, "_saved_self", None), getattr(node, "_saved_other", None)]
+    masks = [t for t in saved if isinstance(t, torch.Tensor)]
+    if len(masks) != 1:   # one side saved: the mask the other side's gradient needs (x * mask or mask * x)
+        return None
+    mask = masks[0]
+    size = _product_size(node)
+    if mask.requires_grad or mask.device.type != "cpu" or not mask.is_floating_point() or mask.numel() < 2 \
+            or size is None or mask.numel() != math.prod(size) or math.prod(size) == size[0]:
+        return None   # (one value per sample: a dropout's mask and a per-sample label mask are the same shape)
     values = torch.unique(mask)
     if values.numel() != 2 or float(values[0]) != 0.0 or not float(values[1]) > 1.0:
         return None
     return float((mask == 0).float().mean()), abs(float(mask.double().mean()) - 1.0) < 1e-6
+
+
+def _product_size(node) -> tuple | None:
+    """The shape of the product a MulBackward0 made (not saved by it; its gradient's metadata is), or None."""
+    try:
+        size = tuple(int(d) for d in node._input_metadata[0].shape)
+    except Exception:   # noqa: BLE001 - no metadata to read: not judged
+        return None
+    return size or None
 
 
 SHAPES = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TransposeBackward0", "TransposeBackward1",
