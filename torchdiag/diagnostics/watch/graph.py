@@ -103,11 +103,12 @@ def _dropped(node) -> tuple[float, bool] | None:
     fused kernel (an accelerator's), or, on the CPU, a product with a mask of 0 and one value c > 1 (1 / (1 - p), the
     inverted scale: a 0/1 padding mask has no scale) that no gradient flows to, of the product's own shape: a dropout
     draws each value; a label mask is per sample or per token, broadcast over the values (a review: per-row masks of
-    many forms, `valid / 0.9`, square-root weights, hard examples kept, read as dropouts). Not of one value per sample
-    (a one-output head: a dropout's mask and a label mask are alike there, so a dropout on it is not seen). A mask made to average 1
-    (`valid / valid.mean()`) looks the same at one look; a dropout's keeps a binomial count, so its mean is exactly 1
-    at a few looks at most (report: said unless every look's was). The mask is read on the CPU only (no wait there);
-    None otherwise. Not seen: a channel dropout (Dropout2d's mask is broadcast over positions)."""
+    many forms, `valid / 0.9`, square-root weights, hard examples kept, read as dropouts). Not of one value per
+    sample (a one-output head: a dropout's mask and a label mask are alike there, so a dropout on it is not seen; doctor
+    sees it). A mask made to average 1 (`valid / valid.mean()`) looks the same at one look; a dropout's keeps a
+    binomial count, so its mean is exactly 1 at a few looks at most (report: said unless every look's was). The mask is
+    read on the CPU only (no wait there); None otherwise. Not seen: a channel dropout (Dropout2d's mask is broadcast
+    over positions)."""
     kind = type(node).__name__
     if kind in ("NativeDropoutBackward0", "FusedDropoutBackward0"):
         p, scale = getattr(node, "_saved_p", None), getattr(node, "_saved_scale", None)
