@@ -457,7 +457,7 @@ def _label_columns(r, f, where, split: str) -> None:
     counts = f.positives()
     never = [c for c, n in counts.items() if n == 0]
     always = [c for c, n in counts.items() if n == f.column_rows]
-    tail = _tail(never, len(counts))
+    tail = f.never_tail()
     never = [c for c in never if c not in tail]
     said = [f"label(s) {never[:20]}{' …' if len(never) > 20 else ''} never 1"] if never else []
     said += [f"label(s) {always[:20]}{' …' if len(always) > 20 else ''} 1 in every sample"] if always else []
@@ -471,16 +471,6 @@ def _label_columns(r, f, where, split: str) -> None:
               f"({f.column_rows:,} samples), a run to the row's end: positions past every sequence's length if "
               "these are per-position labels padded to a fixed length; if they are labels, none has a sample",
               "labels: check the label list against the data; padding: nothing to do")
-
-
-def _tail(never: list[int], width: int) -> list[int]:
-    """The never-1 labels that run to the row's last, two or more (FieldStats.multi_label's padding)."""
-    run = []
-    for c in range(width - 1, -1, -1):
-        if c not in never:
-            break
-        run.append(c)
-    return run[::-1] if len(run) >= 2 else []
 
 
 def target_range(f) -> tuple[float, float] | None:

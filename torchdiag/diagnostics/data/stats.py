@@ -223,12 +223,18 @@ class FieldStats:
             return True
         if self.columns is None or self.one_hot or self.int_columns:
             return False
-        tail = 0
-        for n in reversed(self.columns.tolist()):
-            if n:
+        return not self.never_tail()
+
+    def never_tail(self) -> list[int]:
+        """The labels never 1 that run to the row's last, two or more (padding past every sequence's length, or
+        labels unused); [] otherwise."""
+        counts = self.columns.tolist() if self.columns is not None else []
+        run = []
+        for c in range(len(counts) - 1, -1, -1):
+            if counts[c]:
                 break
-            tail += 1
-        return tail < 2
+            run.append(c)
+        return run[::-1] if len(run) >= 2 else []
 
     def positives(self) -> dict[int, int]:
         """Samples per label (a column's ones) of a multi-label target, or per class of a one-hot integer one."""
