@@ -5383,18 +5383,22 @@ def test_a_climb_that_began_in_the_first_window_says_the_first_loss():
     assert [f for f in result.findings if f.code == "loss-diverged" and "its first loss" not in f.message]
 
 
-@pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask", "renormalised-mask",
-                                  "sparse-targets", "masked-dropout", "row-mask"])
+@pytest.mark.parametrize("case", ["after-head", "functional", "before-head", "padding-mask", "bce", "masked-dropout",
+                                  "sequence-ce", "renormalised-mask", "row-mask", "scaled-elementwise-mask",
+                                  "regression-dropout"])
 def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
     """A sweep: nn.Sequential(Linear, ReLU, Linear, Dropout(0.5)) under cross-entropy passed: in training half the
     logits are zeroed (the loss 0.742 against 0.503 in eval). The loss's input made by a dropout (a product with a mask
-    of 0 and 1 / (1 - p)) is said; a dropout before the head, or a 0/1 mask on the logits, is not."""
+    of 0 and 1 / (1 - p), of the product's own shape) is said, under a per-row label mask too, and on cross_entropy's
+    (N, C, T) layout (a fifth review); a dropout before the head, a 0/1 mask, or a regression's label masks of any
+    form (renormalised, per row, scaled elementwise: the reviews' false alarms) are not; a dropout under a regression
+    loss is left to doctor (its mask no value tells from a scaled elementwise label mask's)."""
     torch.manual_seed(0)
-    head = [nn.Linear(16, 32), nn.ReLU()] + ([nn.Dropout(0.3)] if case == "before-head" else []) + [nn.Linear(32, 4)]
-    model = nn.Sequential(*head, *([nn.Dropout(0.5)] if case in ("after-head", "masked-dropout") else [nn.Dropout(0.1)]
-                                   if case == "sparse-targets" else []))
+    head = [nn.Linear(16, 32), nn.ReLU()] + ([nn.Dropout(0.3)] if case == "before-head" else []) + [nn.Linear(32, 8)]
+    after = case in ("after-head", "bce", "masked-dropout", "sequence-ce", "regression-dropout")
+    model = nn.Sequential(*head, *([nn.Dropout(0.5)] if after else []))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    keep = (torch.arange(4) < 3).float()   # a class left out by a 0/1 mask: no scale, no dropout
+    keep = (torch.arange(8) < 6).float()   # classes left out by a 0/1 mask: no scale, no dropout
     with Watch(model, opt) as w:
         for _ in range(20):
             x = torch.randn(32, 16)
@@ -5402,25 +5406,28 @@ def test_a_dropout_on_what_the_loss_reads_is_a_warning(case):
             out = F.dropout(out, 0.4, training=True) if case == "functional" else \
                 out * keep if case == "padding-mask" else out
             y = (x[:, 0] > 0).long()
-            if case in ("renormalised-mask", "masked-dropout"):   # rows missing a label: zeroed both sides, the
-                # rest weighted up to keep the mean (a review): no dropout; one under it is (a third review)
-                valid = (torch.rand(32, 1) < 0.8).float()
-                weight = valid * (32 / valid.sum())
-                loss = F.mse_loss(out * weight, F.one_hot(y, 4).float() * weight)
-            elif case == "row-mask":   # a per-row label mask at a known missing rate, not made to average 1
-                weight = (torch.rand(32, 1) < 0.9).float() / 0.9   # (a fourth review: read as a dropout)
-                loss = F.mse_loss(out * weight, F.one_hot(y, 4).float() * weight)
-            elif case == "sparse-targets":   # 1% non-zero: 0 wherever the dropout dropped, by chance (a second review)
-                loss = F.mse_loss(out, (torch.rand(32, 4) < 0.01).float() * torch.rand(32, 4))
+            hot = F.one_hot(y, 8).float()
+            if case == "bce":
+                loss = F.binary_cross_entropy_with_logits(out, hot)
+            elif case == "masked-dropout":   # a per-row label mask over the dropped logits, on the left
+                loss = F.cross_entropy((torch.rand(32, 1) < 0.8).float() / 0.8 * out, y)
+            elif case == "sequence-ce":   # (N, C, T) logits: a view between log_softmax and nll_loss
+                loss = F.cross_entropy(out.view(32, 4, 2), (x[:, :2] > 0).long())
+            elif case in ("renormalised-mask", "row-mask", "scaled-elementwise-mask"):
+                valid = (torch.rand(32, 1 if case != "scaled-elementwise-mask" else 8) < 0.8).float()
+                weight = valid / valid.mean() if case == "renormalised-mask" else valid / 0.9
+                loss = F.mse_loss(out * weight, hot * weight)
+            elif case == "regression-dropout":
+                loss = F.mse_loss(out, hot)
             else:
                 loss = F.cross_entropy(out, y)
             opt.zero_grad()
             loss.backward()
             opt.step()
     said = [f for f in w.result().findings if f.code == "dropout-into-loss"]
-    if case in ("after-head", "functional", "sparse-targets", "masked-dropout"):
+    if case in ("after-head", "functional", "bce", "masked-dropout", "sequence-ce"):
         (f,) = said
-        loss = "mse_loss" if case in ("sparse-targets", "masked-dropout") else "cross_entropy"
+        loss = "binary_cross_entropy_with_logits" if case == "bce" else "cross_entropy"
         assert f.severity == "warning" and f"{loss}'s input came out of a dropout at step 1" in f.message, f.message
         assert "drop the dropout after the last layer" in f.hint
     else:

@@ -56,13 +56,14 @@ def loss_faults(fn) -> list[tuple]:
             grown = _broadcast(node, first)
             if grown is not None:
                 found.append(("broadcast", ELEMENTWISE[kind], *grown))
-        if kind in LOSS_INPUTS and (node is fn or type(parents.get(id(node))).__name__.startswith("NllLoss")
-                                    or kind != "LogSoftmaxBackward0"):
-            dropped = _dropped(source)
+        if kind in LOSS_INPUTS and (node is fn or kind != "LogSoftmaxBackward0"
+                                    or type(_up_through_shapes(node, parents)).__name__.startswith("NllLoss")):
+            dropped = _dropped(source, judge_masks=kind not in ELEMENTWISE)
             if (dropped is None or dropped[1]) and type(source).__name__ == "MulBackward0":
                 # a label mask (per row, or made to average 1): what it masks, too (a review: a dropout under one)
                 below = next((f for f, _ in source.next_functions if f is not None), None)   # (mask on either side)
-                under = _dropped(_through_shapes(below)) if below is not None else None
+                under = _dropped(_through_shapes(below), judge_masks=kind not in ELEMENTWISE) if below is not None \
+                    else None
                 dropped = under if under is not None else dropped
             if dropped is not None:
                 found.append(("dropout", LOSS_INPUTS[kind], *dropped))
@@ -98,7 +99,18 @@ LOSS_INPUTS = {"LogSoftmaxBackward0": "cross_entropy", "NllLossBackward0": "nll_
                "BinaryCrossEntropyBackward0": "binary_cross_entropy", **ELEMENTWISE}
 
 
-def _dropped(node) -> tuple[float, bool] | None:
+def _up_through_shapes(node, parents: dict):
+    """The node that reads `node`'s values, past reshapes, views and casts (cross_entropy on (N, C, T) puts a view
+    between its log_softmax and nll_loss: a review's token tagger was not looked at)."""
+    up = parents.get(id(node))
+    for _ in range(8):
+        if type(up).__name__ not in SHAPES:
+            return up
+        up = parents.get(id(up))
+    return up
+
+
+def _dropped(node, judge_masks: bool = True) -> tuple[float, bool] | None:
     """(the share a dropout zeroed, whether its mask averages exactly 1), where `node` made its values by one: torch's
     fused kernel (an accelerator's), or, on the CPU, a product with a mask of 0 and one value c > 1 (1 / (1 - p), the
     inverted scale: a 0/1 padding mask has no scale) that no gradient flows to, of the product's own shape: a dropout
@@ -108,14 +120,16 @@ def _dropped(node) -> tuple[float, bool] | None:
     sees it). A mask made to average 1 (`valid / valid.mean()`) looks the same at one look; a dropout's keeps a
     binomial count, so its mean is exactly 1 at a few looks at most (report: said unless every look's was). The mask is
     read on the CPU only (no wait there); None otherwise. Not seen: a channel dropout (Dropout2d's mask is broadcast
-    over positions)."""
+    over positions). `judge_masks` False (a regression loss: mse, smooth_l1, huber): only the fused kernel; a label mask
+    there is as often elementwise and scaled (`valid / 0.9` both sides: a fifth review), a product no value tells from
+    a dropout's (doctor sees a dropout there, from its train and eval outputs)."""
     kind = type(node).__name__
     if kind in ("NativeDropoutBackward0", "FusedDropoutBackward0"):
         p, scale = getattr(node, "_saved_p", None), getattr(node, "_saved_scale", None)
         share = p if isinstance(p, float) and 0 < p < 1 else \
             1 - 1 / scale if isinstance(scale, float) and scale > 1 else math.nan
         return share, False
-    if kind != "MulBackward0":
+    if kind != "MulBackward0" or not judge_masks:
         return None
     import torch
 
