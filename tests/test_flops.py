@@ -388,6 +388,16 @@ def test_torchdiags_own_ops_are_not_in_the_users_table(cli):
     assert j["backward_flops"] > 0
 
 
+def test_an_activations_backward_is_arithmetic_not_data_movement():
+    """A new user's hour: --backward listed ReLU's backward (threshold_backward) as data movement; it is arithmetic
+    per element, as the activation is, and not counted by convention with it. Views stay data movement."""
+    from torchdiag.diagnostics.flops import op_kind
+
+    assert op_kind("relu.default") == op_kind("threshold_backward.default") == "not counted by convention"
+    assert op_kind("_softmax_backward_data.default") == "not counted by convention"
+    assert op_kind("view.default") == "data movement" and op_kind("mm.default").startswith("COMPUTE")
+
+
 class ClassTokenBlocks(nn.Module):
     """CaiT's pattern: a view of a parameter (the class token, expanded over the batch) passed to a module.
     Under no_grad that view requires grad but has no grad_fn, which torch's ModuleTracker (inside
