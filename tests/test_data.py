@@ -587,6 +587,34 @@ def test_per_position_labels_padded_to_a_fixed_length_are_not_multi_label():
         assert r.data["splits"]["train"]["labels"] is None and "classes-absent" not in codes(r), r.findings
 
 
+class _Tagger(torch.nn.Module):
+    """One logit per token: (N, T) logits for (N, T) labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids)).squeeze(-1)
+
+
+@pytest.mark.parametrize("pad", ["right", "left"])
+def test_a_per_token_binary_taggers_sequence_length_is_not_its_class_count(pad):
+    """A sweep: a tagger's (N, 30) logits beside (N, 30) 0/1 labels padded with -100 read as 30 classes: "28
+    class(es) of [0, 30) have no sample" (a warning). An output of the target's own shape holding other values than
+    0/1 gives one value per position; classes 0 and 1 are still counted."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(8, 31, (300,), generator=g)
+    kept = torch.arange(30) < lengths[:, None] if pad == "right" else torch.arange(30) >= 30 - lengths[:, None]
+    tags = torch.where(kept, (torch.rand(300, 30, generator=g) < 0.3).long(), torch.tensor(-100))
+    ids = torch.where(kept, torch.randint(1, 50, (300, 30), generator=g), torch.tensor(0))
+    r = run_data(torch.utils.data.TensorDataset(ids, tags), Options(**QUICK, speed=False), context("cpu"),
+                 model=_Tagger())
+    assert "classes-absent" not in codes(r) and "labels-out-of-range" not in codes(r), r.findings
+    counts = r.data["splits"]["train"]["labels"]["counts"]
+    assert counts["0"] == int((tags == 0).sum()) and counts["1"] == int((tags == 1).sum())
+
+
 def test_integer_multi_hot_targets_are_read_by_the_models_width():
     """A review: sklearn's MultiLabelBinarizer gives int64 (N, C) 0/1 targets; beside a Linear(10, C) they were read
     as per-element classes 0 and 1: a false class-imbalance (19.8x) and 18 classes "absent". With the model's C

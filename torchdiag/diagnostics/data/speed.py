@@ -226,12 +226,23 @@ def output_size(model, batch, roles, ctx) -> int | None:
     if y.is_floating_point() and y.dim() >= 1 and y.shape[0] == n and y.numel() == n:   # (N,), (N, 1), (N, 1, 1, 1)
         return 1   # (a 0-d output is a batch's loss as often as a squeezed batch of one: unknown)
     target = B.get(batch, roles.target) if roles.target is not None else None
+    if _one_per_target_value(y, target):
+        return 1
     if isinstance(target, torch.Tensor) and target.dim() >= 2 and y.dim() == target.dim() + 1 \
             and tuple(y.shape[:-1]) == tuple(target.shape) and y.shape[-1] >= 2:
         return int(y.shape[-1])   # (N, T, C) against (N, T): a language model's tokens (a new user's: T was read)
     if y.dim() >= 2 and y.shape[1] >= 2:
         return int(y.shape[1])
     return None
+
+
+def _one_per_target_value(y, target) -> bool:
+    """The output has the target's own (N, T, ...) shape and the target holds values other than 0/1 (an ignore
+    index, a regression's values): one logit or value per position, not T classes (a per-token binary tagger's
+    (N, T) logits read as 30 classes, a review). A 0/1 target of the output's shape stays a multi-label's."""
+    if not isinstance(target, torch.Tensor) or target.dim() < 2 or tuple(y.shape) != tuple(target.shape):
+        return False
+    return bool(((target != 0) & (target != 1)).any())
 
 
 def input_scaling(model, batch, roles, ctx):
