@@ -130,6 +130,20 @@ def test_unknown_key_is_an_error_naming_it(cli, tmp_path, monkeypatch):
     assert "unknown key 'nan-check'" in res.stderr and "did you mean 'nancheck'" in res.stderr
 
 
+@pytest.mark.parametrize("text,key,table", [
+    ('[tool.torchdiag]\nmodel = "M"\nmax-trainable-params = 1000\n', "max-trainable-params",
+     "put it under [tool.torchdiag.check]"),
+    ('[tool.torchdiag]\nmodel = "M"\n[tool.torchdiag.check]\ninputs = ["8x3x32x32"]\nnancheck = true\n', "inputs",
+     "put it at the top of [tool.torchdiag]")])
+def test_a_key_in_the_other_table_says_where_it_goes(cli, tmp_path, monkeypatch, text, key, table):
+    """A new user's first config put max-trainable-params beside the model ("unknown key", and a list of the other
+    table's keys): the hint names the table the key belongs to."""
+    write(tmp_path, text.replace("M", sample("cnn.py:build")))
+    monkeypatch.chdir(tmp_path)
+    res = cli("check")
+    assert res.code == 2 and f"unknown key '{key}'" in res.stderr and table in res.stderr, res.stderr
+
+
 def test_several_models_and_config_file(cli, tmp_path):
     cfg = write(tmp_path, f"""
 [tool.torchdiag.check]
@@ -348,6 +362,21 @@ def test_github_annotations_format_and_json_stays_pure(cli, tmp_path, monkeypatc
     monkeypatch.setenv("GITHUB_ACTIONS", "false")
     res = cli("check", sample("mlp.py:build"), "--max-params", "1k")
     assert res.code == 1 and "::error" not in res.stdout + res.stderr
+
+
+def test_json_gives_a_threshold_checks_numbers(cli):
+    """A new user's hour: --json had "1,562" and "483.19 KiB" only, display strings a CI job must parse. The value
+    and the limit are numbers: the MLP's parameters counted by hand (784·256 + 256 + 256·128 + 128 + 128·10 + 10),
+    its forward MACs at batch 16 (the three matrix products), and a non-threshold check's null."""
+    params = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
+    macs = 16 * (784 * 256 + 256 * 128 + 128 * 10)
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1k", "--max-gmacs", "1", "--nancheck", "--json")
+    rows = {r["check"]: r for r in res.json["checks"]}
+    assert (rows["max-params"]["value"], rows["max-params"]["limit_value"], rows["max-params"]["unit"]) == \
+        (params, 1000, "parameters")
+    assert rows["max-gmacs"]["value"] == pytest.approx(macs / 1e9) and rows["max-gmacs"]["limit_value"] == 1
+    assert rows["max-gmacs"]["unit"] == "GMACs at batch 16"
+    assert rows["nancheck"]["value"] is None and rows["nancheck"]["unit"] is None
 
 
 def test_readme_ci_commands_work_in_a_fresh_checkout(cli, tmp_path, monkeypatch):

@@ -19,14 +19,23 @@ EXAMPLE = """Examples:
   torchdiag check sample_models/cnn.py:build -i 8x3x32x32 --max-params 30000 --nancheck --gradflow"""
 
 
-DETAILS = """Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, dtype, amp,
-checkpoint, strict-checkpoint) and
-[tool.torchdiag.check] (max-params, max-trainable-params, min-trainable-params, max-gmacs,
-max-gflops, nancheck, gradflow, overfit-batch, lr-find, doctor, data, allow, strict,
-max-peak-memory); several models with [[tool.torchdiag.models]], each entry's `name` telling
-entries of one spec apart. No check runs unless configured (here or in the file). Options given
-here override the file. With GITHUB_ACTIONS=true, failed checks are also printed as GitHub
-annotations."""
+DETAILS = """Config (TOML; pyproject.toml's [tool.torchdiag], or --config FILE):
+
+\b
+  [tool.torchdiag]          the model: model, inputs, device, args, loss,
+                            batch, seed, dtype, amp, checkpoint,
+                            strict-checkpoint
+  [tool.torchdiag.check]    the checks and limits: max-params,
+                            max-trainable-params, min-trainable-params,
+                            max-gmacs, max-gflops, max-peak-memory,
+                            nancheck, gradflow, doctor, overfit-batch,
+                            lr-find, data, allow, strict
+  [[tool.torchdiag.models]] several models, each with the model keys, its
+                            own check table, and a `name` telling
+                            entries of one spec apart
+
+No check runs unless configured (here or in the file). Options given here override the file. With
+GITHUB_ACTIONS=true, failed checks are also printed as GitHub annotations."""
 
 
 def register(app) -> None:

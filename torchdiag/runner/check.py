@@ -57,15 +57,27 @@ class CheckOutcome:
     message: str = ""
     seconds: float = 0.0
     code: int = 0                # exit code this outcome implies (0, 1, 2, 3, 130)
+    value: float | None = None   # a threshold check's measured number and its limit, in `unit` (--json: a CI job
+    limit_value: float | None = None   # plots them without parsing "1,562" or "483.19 KiB", a new user's hour)
+    unit: str = ""
 
 
 def _unknown(keys, allowed, where: str):
     for key in keys:
         if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            raise UsageError(f"unknown key '{key}' in {where}",
-                             hint=(f"did you mean '{close[0]}'? " if close else "") +
-                                  f"known keys: {', '.join(sorted(allowed))}")
+            raise UsageError(f"unknown key '{key}' in {where}", hint=_belongs(key, allowed))
+
+
+def _belongs(key: str, allowed) -> str:
+    """Where an unknown key goes: a check key written at the top of [tool.torchdiag] belongs in its check table (a
+    new user's first config put max-trainable-params there), a model key in a check table at the top; else the
+    closest known key, and the list."""
+    if key in CHECK_KEYS and "check" in allowed:
+        return f"'{key}' is a check: put it under [tool.torchdiag.check] (or an entry's own check table)"
+    if key in ROOT_KEYS - {"check"} and "max-params" in allowed:
+        return f"'{key}' is a model setting: put it at the top of [tool.torchdiag] (or in a [[tool.torchdiag.models]] entry)"
+    close = difflib.get_close_matches(key, sorted(allowed), n=1)
+    return (f"did you mean '{close[0]}'? " if close else "") + f"known keys: {', '.join(sorted(allowed))}"
 
 
 BOOL_KEYS = {"nancheck", "gradflow", "doctor", "strict"}
@@ -407,10 +419,13 @@ class _Recorder:
         self.model_name = model_name
         self.outcomes: list[CheckOutcome] = []
 
-    def __call__(self, check: str, fn, limit: str = "") -> None:
+    def __call__(self, check: str, fn, limit: str = "", limit_value: float | None = None, unit: str = "") -> None:
+        """fn() -> (passed, figure, message) or, for a threshold, (passed, figure, message, value in `unit`)."""
         t0 = time.perf_counter()
+        value = None
         try:
-            passed, figure, message = fn()
+            passed, figure, message, *measured = fn()
+            value = measured[0] if measured else None
             code = 0 if passed else 1
         except KeyboardInterrupt as exc:  # Ctrl-C (130) or SIGTERM (143)
             self.outcomes.append(CheckOutcome(self.model_name, check, None, "interrupted", limit,
@@ -421,7 +436,8 @@ class _Recorder:
             code = int(exc.code)
             passed, figure, message = None, "input error" if code == ExitCode.USAGE else "error", _said(exc)
         self.outcomes.append(CheckOutcome(self.model_name, check, passed, figure, limit, message,
-                                          time.perf_counter() - t0, code))
+                                          time.perf_counter() - t0, code, value,
+                                          limit_value if value is not None else None, unit if value is not None else ""))
 
 
 def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
@@ -473,13 +489,14 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
         if key in c:
             def params(limit=c[key], trainable_only=trainable_only):
                 n = count(trainable_only)
-                return n <= limit, f"{n:,}", "" if n <= limit else f"{n:,} parameters > limit {int(limit):,}"
-            record(key, params, f"{int(c[key]):,}")
+                return n <= limit, f"{n:,}", "" if n <= limit else f"{n:,} parameters > limit {int(limit):,}", n
+            record(key, params, f"{int(c[key]):,}", int(c[key]), "parameters")
     if "min-trainable-params" in c:   # a floor: a layer frozen by mistake (requires_grad=False) fails it
         def trainable(floor=c["min-trainable-params"]):
             n = count(True)
-            return n >= floor, f"{n:,}", "" if n >= floor else f"{n:,} trainable parameters < floor {int(floor):,}"
-        record("min-trainable-params", trainable, f"{int(c['min-trainable-params']):,}")
+            return n >= floor, f"{n:,}", "" if n >= floor else f"{n:,} trainable parameters < floor {int(floor):,}", n
+        record("min-trainable-params", trainable, f"{int(c['min-trainable-params']):,}", int(c["min-trainable-params"]),
+               "parameters")
     cache: dict = {}
     counted, batch = _per_sample(inputs)
     at = f" at batch {batch}" if batch > 1 else ""
@@ -490,8 +507,8 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
                     cache["r"] = invoke(flops, model, counted, flops.Options(depth=0), ctx)
                 g = cache["r"].data[data_key] / 1e9
                 shown = f"{_against(g, limit)} {unit}{at}"
-                return g <= limit, shown, "" if g <= limit else f"{shown} > limit {limit:g}"
-            record(key, check_flops, f"{c[key]:g} {unit}")
+                return g <= limit, shown, "" if g <= limit else f"{shown} > limit {limit:g}", g
+            record(key, check_flops, f"{c[key]:g} {unit}", c[key], unit + at)
 
 
 def _per_sample(inputs):
@@ -584,8 +601,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             shown = human_bytes(peak)
             if shown == human_bytes(limit) and peak != limit:   # "1.00 GiB > 1.00 GiB" says nothing: the bytes do
                 shown += f" ({peak:,} bytes)"
-            return peak <= limit, shown, "" if peak <= limit else f"peak {shown} > {human_bytes(limit)}"
-        record("max-peak-memory", mem, human_bytes(limit))
+            return peak <= limit, shown, "" if peak <= limit else f"peak {shown} > {human_bytes(limit)}", peak
+        record("max-peak-memory", mem, human_bytes(limit), limit, "bytes")
     if "data" in c:
         _data_check(c["data"], model, ctx, record, bool(c.get("strict", False)))
 
@@ -731,6 +748,7 @@ def _status(o: CheckOutcome) -> str:
 def _table(outcomes: list[CheckOutcome], multi: bool) -> Table:
     rows = [{"model": o.model, "check": o.check, "figure": o.figure, "limit": o.limit, "status": _status(o),
              "passed": bool(o.passed), "message": o.message, "seconds": round(o.seconds, 3),
+             "value": o.value, "limit_value": o.limit_value, "unit": o.unit or None,
              "_style": None if o.passed else "yellow" if o.code in INTERRUPTS else "red"}
             for o in outcomes]
     cols = ([Column("model", "model")] if multi else []) + [
