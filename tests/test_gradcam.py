@@ -499,6 +499,43 @@ def test_a_channels_last_layer_is_read_as_such(image):
     assert abs(last.data["heatmap_mean"] - first.data["heatmap_mean"]) < 1e-6
 
 
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_a_vision_transformers_tokens_are_read_as_its_patch_grid(image, prefix):
+    """A new user's hour: a ViT block's N×197×768 output was refused ("choose a convolutional layer", which a ViT has
+    none of after its patch embedding). Tokens after `prefix` class/distillation tokens are the patch grid: a layer
+    that flattens a conv's 8×8 map into tokens (row-major, as ViTs do) behind learned prefix tokens explains the class
+    exactly as the conv itself does. After the last block a class-token head reads only the prefix: said as such."""
+    import torch
+    from torch import nn
+
+    class Tokens(nn.Module):
+        def forward(self, x, cls):
+            return torch.cat([cls.expand(x.shape[0], -1, -1), x.flatten(2).transpose(1, 2)], 1)
+
+    class Net(nn.Module):
+        def __init__(self, read_cls=False):
+            super().__init__()
+            self.conv, self.tokens, self.head = nn.Conv2d(3, 24, 4, stride=4), Tokens(), nn.Linear(24, 5)
+            self.cls, self.read_cls = nn.Parameter(torch.randn(1, prefix, 24)), read_cls
+
+        def forward(self, x):
+            t = torch.relu(self.tokens(self.conv(x), self.cls))
+            return self.head(t[:, 0] if self.read_cls else t[:, prefix:].mean(1) + t[:, :prefix].sum(1))
+
+    torch.manual_seed(0)
+    model = Net()
+    conv = run("gradcam", model, None, layer="conv", image=str(image), target_class=2)
+    tokens = run("gradcam", model, None, layer="tokens", image=str(image), target_class=2)
+    assert tokens.data["cam_shape"] == conv.data["cam_shape"] == [8, 8] and not tokens.findings
+    assert tokens.data["cam_peak"] == conv.data["cam_peak"]
+    assert abs(tokens.data["heatmap_mean"] - conv.data["heatmap_mean"]) < 1e-6
+    assert any("its last 8×8 read as the image's patch grid" in n for n in tokens.notes), tokens.notes
+    if prefix:
+        torch.manual_seed(0)
+        cls_only = run("gradcam", Net(read_cls=True), None, layer="tokens", image=str(image), target_class=2)
+        assert [f.code for f in cls_only.findings] == ["empty-cam"] and "reads only its first" in cls_only.findings[0].message
+
+
 def test_a_one_by_one_map_is_said_to_hold_no_place_and_the_explained_class_is_in_the_table(image):
     """A sweep: a layer after global pooling gave a flat heatmap with a 'peak' of float noise, said as a place; a
     class asked for outside the top 5 had no row."""
@@ -749,5 +786,51 @@ def test_an_image_file_is_resized_to_the_models_own_input_size(cli, tmp_path, ow
     else:            # no input of its own: the file's size, and its 1x1 map is said
         assert r.json["image_size"] == "16x16" and r.json["cam_shape"] == [1, 1], r.json
         assert [f["code"] for f in r.json["findings"]] == ["no-spatial-map"]
+        # a new user's hour: a "peak" at a pixel the resize's rounding picked, beside the flat-map warning
+        assert r.json["heatmap_peak"] is None and r.json["cam_peak"] is None, r.json
     given = cli("gradcam", f"{tmp_path / 'net.py'}:build", "--layer", "6", "--image", path, "--size", "16", "--json")
     assert given.code == 0 and given.json["image_size"] == "16x16" and given.json["cam_shape"] == [1, 1], given.stderr
+
+
+def _fake_timm(monkeypatch, mean, std):
+    """A `timm` whose one model is a small CNN built from seed 5 and whose pretrained_cfg says 3x32x32, mean, std."""
+    import sys
+    import types
+
+    import torch
+    from torch import nn
+
+    def create_model(name, pretrained=False, **kw):
+        torch.manual_seed(5)
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+    cfg = types.SimpleNamespace(input_size=(3, 32, 32), mean=mean, std=std)
+    fake = types.ModuleType("timm")
+    fake.list_models, fake.create_model = lambda *a, **k: ["fakenet"], create_model
+    fake.models = types.SimpleNamespace(get_pretrained_cfg=lambda name: cfg)
+    monkeypatch.setitem(sys.modules, "timm", fake)
+    return create_model
+
+
+@pytest.mark.parametrize("given", [(), ("--mean", "0")])
+def test_a_specs_own_normalisation_is_used_unless_given(cli, monkeypatch, image, given):
+    """A new user's hour: the image size was read from a timm spec's pretrained_cfg (a torchvision spec's
+    transforms()), its mean and std were not: an image fed to loaded weights off their distribution, mean 0 and std 1
+    said. The logit is the model's on the image normalised by hand with what was given, else the cfg's."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    build = _fake_timm(monkeypatch, mean, std)
+    r = cli("gradcam", "timm:fakenet", "--layer", "2", "--image", image, "--device", "cpu", "-k", "1", *given, "--json")
+    assert r.code == 0, r.stderr
+    used_mean = (0.0, 0.0, 0.0) if given else mean
+    pixels = torch.tensor(np.asarray(Image.open(image).convert("RGB")), dtype=torch.float32).permute(2, 0, 1) / 255
+    x = ((pixels - torch.tensor(used_mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1))[None]
+    with torch.no_grad():
+        assert r.json["score"] == pytest.approx(float(build("fakenet").eval()(x)[0, 1]), rel=1e-5)
+    said = r.json["normalisation"]
+    assert f"/ {list(std)}" in said and ("(std: the model's, its pretrained_cfg" if given else "(mean and std: the model's") \
+        in said, said

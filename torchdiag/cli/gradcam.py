@@ -24,8 +24,8 @@ Out = Annotated[Path | None, typer.Option("--out", "-o", parser=c.nonempty_path,
                                              help="Write original | heatmap | overlay side by side as one PNG.")]
 Size = Annotated[str | None, typer.Option("--size", metavar="H[xW]", show_default=False,
                                              help="Resize the image to H×W (one number: square). Default: the size of the model's own image input (timm's pretrained_cfg, an hf: config, example_inputs()), else the file's.")]
-Mean = Annotated[str, typer.Option("--mean", metavar="R,G,B", help="Normalisation mean (pixels scaled to [0,1] first); one number = every channel.")]
-Std = Annotated[str, typer.Option("--std", metavar="R,G,B", help="Normalisation std; one number = every channel.")]
+Mean = Annotated[str | None, typer.Option("--mean", metavar="R,G,B", show_default=False, help="Normalisation mean (pixels scaled to [0,1] first); one number = every channel. Default: the model's own (a torchvision or timm spec's weights preprocessing), else 0.")]
+Std = Annotated[str | None, typer.Option("--std", metavar="R,G,B", show_default=False, help="Normalisation std; one number = every channel. Default: the model's own, else 1.")]
 Channels = Annotated[int, typer.Option("--channels", metavar="3|1", help="3: RGB input; 1: grayscale input (e.g. MNIST), one --mean/--std.")]
 Alpha = Annotated[float, typer.Option("--alpha", help="Heatmap opacity in the overlay, 0 to 1.")]
 
@@ -36,7 +36,7 @@ Writes the original, the heatmap (values in [0,1]) and the overlay side by side 
 to TensorBoard (--tb). Reports the explained class, the top classes and where the map peaks."""
 
 OWN = {"layer": (Layer, ""), "image": (Image, None), "target_class": (TargetClass, None), "out": (Out, None),
-       "size": (Size, None), "mean": (Mean, "0"), "std": (Std, "1"), "channels": (Channels, 3), "alpha": (Alpha, 0.5)}
+       "size": (Size, None), "mean": (Mean, None), "std": (Std, None), "channels": (Channels, 3), "alpha": (Alpha, 0.5)}
 
 
 def run(o) -> None:

@@ -38,6 +38,7 @@ class LoadedModel:
     trains: bool = False                   # the default inputs are for a command that trains (sources.for_training)
     saved_keys: frozenset[str] | None = None   # hf --arg task: the keys of the head its weights were saved with
     head_labels: tuple[str, int] | None = None   # hf: a classification head's (kind, classes): random labels given
+    normalisation: tuple | None = None     # (mean, std, where from): the weights' input normalisation (gradcam)
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -194,7 +195,7 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, do
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
                        source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),
                        source.labels_from_ids, source.alternatives, saved_keys=source.saved_keys,
-                       head_labels=source.head_labels)
+                       head_labels=source.head_labels, normalisation=source.normalisation)
 
 
 def compiled_root(model):

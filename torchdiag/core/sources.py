@@ -65,6 +65,7 @@ class Source:
     head_labels: tuple[str, int] | None = None      # a classification head's (kind, classes): random labels given
     alternatives: tuple[tuple[str, ...], ...] = ()  # further default inputs to try when `inputs` do not run (hf_inputs)
     saved_keys: frozenset[str] | None = None       # hf --arg task: the state-dict keys of the head the weights are of
+    normalisation: tuple | None = None   # (mean, std, where from): the model's own input normalisation (gradcam)
 
 
 def is_source(spec: str) -> bool:
@@ -144,6 +145,16 @@ def torchvision_source(name: str, kwargs: dict[str, Any]) -> Source:
     return source
 
 
+def _normalisation(mean, std, where: str) -> tuple | None:
+    """(mean, std, where) when both are per-channel numbers of one length, the weights' own preprocessing (the
+    size was read from the same object, the normalisation was not: a new user's hour); else None."""
+    try:
+        m, s = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    except (TypeError, ValueError):
+        return None
+    return (m, s, where) if m and len(m) == len(s) and all(v > 0 for v in s) else None
+
+
 def _torchvision_inputs(models, name: str, source: Source) -> None:
     """The default input from the weights enum's transforms: crop size (classification, video),
     resize size (segmentation), a list of images (detection), two frames (optical flow)."""
@@ -159,6 +170,8 @@ def _torchvision_inputs(models, name: str, source: Source) -> None:
         why = "no weights enum: the ImageNet size"
     else:
         why = f"{weights}.transforms() {'crop_size' if getattr(transform, 'crop_size', None) else 'resize_size'} {h}x{w}"
+        source.normalisation = _normalisation(getattr(transform, "mean", None), getattr(transform, "std", None),
+                                              f"{weights}.transforms()")
     if kind == "VideoClassification":
         source.inputs = (f"1x3x{VIDEO_FRAMES}x{h}x{w}",)
         why += f", {VIDEO_FRAMES} frames"
@@ -238,6 +251,8 @@ def timm_source(name: str, kwargs: dict[str, Any]) -> Source:
     try:
         cfg = timm.models.get_pretrained_cfg(name) if hasattr(timm.models, "get_pretrained_cfg") else None
         size = tuple((cfg.input_size if cfg is not None else None) or (3, 224, 224))
+        source.normalisation = _normalisation(getattr(cfg, "mean", None), getattr(cfg, "std", None),
+                                              "its pretrained_cfg")
     except Exception:
         size = (3, 224, 224)
     source.inputs = ("1x" + "x".join(str(d) for d in size),)

@@ -32,8 +32,8 @@ class Options:
     layer: str = ""
     image: str = ""
     size: object = None                      # H, (H, W), "H" or "HxW"; becomes (h, w), None: the model's own input's (built_for), else the file's
-    mean: object = (0.0,)                    # one number per channel, one for all, or "0.485,0.456,0.406"
-    std: object = (1.0,)
+    mean: object = None                      # one number per channel, one for all, or "0.485,0.456,0.406";
+    std: object = None                       # None: the model's own (its weights' preprocessing), else 0 and 1
     channels: int = 3                        # 3: RGB; 1: grayscale (one mean/std)
     target_class: int | None = None
     out: bool = False                        # original | heatmap | overlay as one PNG (render/gradcam.py)
@@ -55,9 +55,9 @@ class Options:
         if self.channels not in (1, 3) or isinstance(self.channels, bool):
             raise OptionError("channels", f"{self.channels!r} is not 3 (RGB) or 1 (grayscale)")
         self.size = _size(self.size)
-        self.mean = _per_channel("mean", self.mean, self.channels)
-        self.std = _per_channel("std", self.std, self.channels)
-        if any(v == 0 for v in self.std):
+        self.mean = None if self.mean is None else _per_channel("mean", self.mean, self.channels)
+        self.std = None if self.std is None else _per_channel("std", self.std, self.channels)
+        if self.std is not None and any(v == 0 for v in self.std):
             raise OptionError("std", f"{_text(self.std)}: a standard deviation of 0 divides by zero")
         if self.target_class is not None:
             number("target_class", self.target_class, low=0, integer=True)
@@ -197,10 +197,14 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
                          hint="a dense output (N, classes, H, W): explain one class over the pixels with a factory "
                               "that wraps the model to return model(x).mean((2, 3))" if logits.dim() == 4 else "")
     a = captured["a"]
-    if a.dim() != 4:
-        raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W",
-                         hint="choose a convolutional layer (the last conv block usually works best)")
-    last = channels_last(tuple(a.shape), tuple(x.shape[-2:]), module, model, captured.get("producer"))
+    grid = token_grid(tuple(a.shape), tuple(x.shape[-2:])) if a.dim() == 3 else None
+    if a.dim() != 4 and grid is None:
+        raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W, "
+                         "or a vision transformer's N×tokens×C with a patch grid of the image's aspect",
+                         hint="choose a convolutional layer (the last conv block usually works best), or a transformer "
+                              "block's output; `torchdiag attention` shows a transformer's attention maps")
+    last = grid is not None or channels_last(tuple(a.shape), tuple(x.shape[-2:]), module, model,
+                                             captured.get("producer"))
     k = int(logits[0].argmax()) if target_class is None else target_class
     if not 0 <= k < logits.shape[1]:
         raise OptionError("target_class", f"{k} is out of range: the model has {logits.shape[1]} classes")
@@ -211,7 +215,13 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     if grad is None:
         grad = torch.zeros_like(a)
     act = a.detach()
-    if last:   # N×H×W×C (timm's Swin stages): its channels are the last dimension
+    prefix_only = False
+    if grid is not None:   # N×(k + h·w)×C tokens: the k class/register tokens left out, the rest the patch grid
+        k_prefix, h, w = grid
+        # after a ViT's last block only its class token reaches the head: the patches' gradient is exactly 0 there
+        prefix_only = k_prefix > 0 and bool(grad[:, k_prefix:].eq(0).all() & grad[:, :k_prefix].ne(0).any())
+        act, grad = (t[:, k_prefix:].reshape(t.shape[0], h, w, t.shape[2]) for t in (act, grad))
+    if last:   # N×H×W×C (timm's Swin stages, a ViT's token grid): its channels are the last dimension
         act, grad = act.permute(0, 3, 1, 2), grad.permute(0, 3, 1, 2)
     weights = grad[0].mean(dim=(1, 2))                               # C
     cam = torch.relu((weights[:, None, None] * act[0]).sum(0))       # h×w
@@ -220,8 +230,25 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     peak = float(up.max())
     norm = up / peak if peak > 0 else up
     if info is not None:
-        info["calls"], info["channels_last"] = captured["calls"], last
+        info["calls"], info["channels_last"], info["tokens"] = captured["calls"], last and grid is None, grid
+        info["prefix_only"] = prefix_only
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
+
+
+PREFIX_TOKENS = 8   # class, distillation and register tokens a vision transformer puts before its patches, at most
+
+
+def token_grid(shape: tuple, image: tuple) -> tuple[int, int, int] | None:
+    """(k, h, w) when an N×L×C output reads as k ≤ PREFIX_TOKENS leading tokens and an h×w patch grid of the image's
+    aspect with square patches (L = k + h·w, H/h = W/w whole): a ViT block's output, the CLS token first (torchvision,
+    timm). The smallest k wins; None when no grid fits."""
+    tokens, (height, width) = shape[1], image
+    for k in range(0, min(PREFIX_TOKENS, tokens - 1) + 1):
+        n = tokens - k
+        for h in range(1, n + 1):
+            if n % h == 0 and height % h == 0 and width % (n // h) == 0 and height // h == width // (n // h):
+                return k, h, n // h
+    return None
 
 
 def other_inputs(model, x, ctx, channels: int, given=False):
@@ -284,6 +311,19 @@ def _own_inputs(model, ctx):
         return resolve_inputs([], ctx.loaded, ctx.device, ctx.spec.seed)
     except UsageError:
         return None
+
+
+def _normalisation(opts: Options, ctx) -> tuple[tuple, tuple, str]:
+    """(mean, std, where from): what was given, else the model's weights' own (a torchvision spec's transforms(), a
+    timm spec's pretrained_cfg: the size was read from them, the normalisation was not, and an image fed to loaded
+    weights at mean 0, std 1 is off their distribution: a new user's hour), else 0 and 1."""
+    own = getattr(ctx.loaded, "normalisation", None) if ctx.loaded is not None else None
+    if own is not None and len(own[0]) != opts.channels:
+        own = None
+    mean = opts.mean if opts.mean is not None else own[0] if own is not None else (0.0,) * opts.channels
+    std = opts.std if opts.std is not None else own[1] if own is not None else (1.0,) * opts.channels
+    taken = [name for name, given in (("mean", opts.mean), ("std", opts.std)) if given is None and own is not None]
+    return mean, std, f" ({' and '.join(taken)}: the model's, {own[2]}; --mean/--std set others)" if taken else ""
 
 
 def built_for(given, channels: int) -> tuple[int, int] | None:
@@ -387,7 +427,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     from ..core.image_file import load_rgb
 
     module_named(model, opts.layer)
-    c, mean, std = opts.channels, opts.mean, opts.std
+    c = opts.channels
+    mean, std, norm_from = _normalisation(opts, ctx)
     own = _own_inputs(model, ctx)
     size = opts.size or built_for(own, c)
     pixels = load_rgb(opts.image, size, c)
@@ -400,7 +441,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                                            f" (the model's input size: {own.source}; --size sets another)"
                                            if opts.size is None and size is not None else ""),
                                        "channels": "RGB" if c == 3 else "grayscale",
-                                       "normalisation": f"(x/255 - {list(mean)}) / {list(std)}",
+                                       "normalisation": f"(x/255 - {list(mean)}) / {list(std)}" + norm_from,
                                        "mode": "eval; gradient of the class logit w.r.t. the layer output"})
     given = other_inputs(model, x, ctx, c, own)
     if given is not None:
@@ -432,11 +473,13 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     peak = divmod(int(hm.argmax()), hm.shape[1])
     cam_np = cam.numpy()
     cam_peak = divmod(int(cam_np.argmax()), cam_np.shape[1])
+    # a 1x1 or constant map has no peak: its heatmap's "peak" was the resize's rounding noise (a new user's hour)
+    flat = cam_np.size == 1 or float(cam_np.max()) == float(cam_np.min())
     result.data.update({
         "target_class": k, "target_chosen": "given" if opts.target_class is not None else "argmax",
         "score": float(logits[0, k]), "probability": float(probs[k]),
-        "cam_shape": list(cam_np.shape), "cam_peak": list(cam_peak),
-        "heatmap_peak": list(peak), "heatmap_mean": float(hm.mean()), "heatmap_max": float(hm.max()),
+        "cam_shape": list(cam_np.shape), "cam_peak": None if flat else list(cam_peak),
+        "heatmap_peak": None if flat else list(peak), "heatmap_mean": float(hm.mean()), "heatmap_max": float(hm.max()),
         "heatmap_min": float(hm.min()),
     })
     name = class_name(model, k)
@@ -447,13 +490,22 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.notes.append(f"layer {opts.layer} ran {info['calls']} times in forward; the map explains its last call")
     if info["channels_last"]:
         result.notes.append(f"layer {opts.layer}'s output is channels-last (N×H×W×C): read as such")
+    if info["tokens"] is not None:
+        k_prefix, h, w = info["tokens"]
+        result.notes.append(f"layer {opts.layer}'s output is tokens: its last {h}×{w} read as the image's patch grid"
+                            + (f", the first {k_prefix} (class or register tokens) left out" if k_prefix else ""))
     named = [Column("name", "name")] if any(r["name"] is not None for r in rows) else []
     result.tables.append(Table("top_classes", "Top classes", [Column("class", "class", "int")] + named + [
         Column("logit", "logit", "float"), Column("probability", "probability", "pct"), Column("_mark", "")], rows))
     if cam_np.size == 1:
         result.add("no-spatial-map", "warning", opts.layer, f"layer {opts.layer}'s map is 1×1: it has no spatial "
                    "information, and the heatmap is flat", "choose an earlier layer, before the global pooling")
-    if float(cam_np.max()) == 0.0:
+    if info["prefix_only"]:
+        result.add("empty-cam", "warning", opts.layer, f"the Grad-CAM map is zero everywhere for class {k}: from "
+                   f"layer {opts.layer} the model reads only its first {info['tokens'][0]} token(s) (the patch tokens' "
+                   "gradient is exactly 0)", hint="choose the block before it, whose patch tokens the last one's "
+                   "attention still mixes into the class token")
+    elif float(cam_np.max()) == 0.0:
         result.add("empty-cam", "warning", opts.layer,
                    f"the Grad-CAM map is zero everywhere for class {k}: no positive evidence at this layer",
                    hint="try another (usually the last) convolutional layer or another --target-class")
@@ -466,7 +518,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if opts.out:
         result.data["out_size"] = list(gradcam_size(rgb.shape[0] * f, rgb.shape[1] * f))
     result.summary += [("Explained class", f"{k}{f' ({name})' if name is not None else ''} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
-                       ("Heatmap peak", f"row {peak[0]}, col {peak[1]} of {hm.shape[0]}x{hm.shape[1]}"),
-                       ("Layer map", f"{cam_np.shape[0]}x{cam_np.shape[1]}, peak at {cam_peak}")]
+                       ("Heatmap peak", f"none: the map is flat ({hm.shape[0]}x{hm.shape[1]})" if flat else
+                        f"row {peak[0]}, col {peak[1]} of {hm.shape[0]}x{hm.shape[1]}"),
+                       ("Layer map", f"{cam_np.shape[0]}x{cam_np.shape[1]}" + ("" if flat else f", peak at {cam_peak}"))]
     result.artefacts["heatmap"] = hm  # H×W in [0, 1], for Python callers
     return result
