@@ -88,18 +88,20 @@ def test_option_errors_are_one_error_line_and_json_document():
     assert out.returncode == 2 and out.stderr.splitlines()[0].startswith("error: No such option: --bogus")
 
 
-def test_embeddings_json_with_its_required_tb(cli, tmp_path):
+def test_embeddings_json_with_and_without_tb(cli, tmp_path):
+    """A new user's hour: the figures alone (--json) needed TensorBoard files written first, and a bad --layer was
+    told of the missing --tb. --tb is optional: without it nothing is written and the figures are the same."""
     res = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0", "--tb", tmp_path, "--json")
-    assert res.code == 0 and json.loads(res.stdout)["command"] == "embeddings"
-
-
-def test_embeddings_without_its_two_required_options_names_both_at_once(cli):
-    """A new user's hour: a first run said --layer was needed, the second --tb; both are said by the first."""
+    assert res.code == 0 and json.loads(res.stdout)["command"] == "embeddings" and res.json["projector_dir"]
+    alone = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0", "--json")
+    assert alone.code == 0 and "projector_dir" not in alone.json
+    assert alone.json["sample_norms"] == res.json["sample_norms"] and alone.json["dim"] == res.json["dim"] == 2048
+    shown = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0")
+    assert shown.code == 0 and "not written (--tb DIR writes it" in shown.stdout, shown.stdout
+    bad = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "nope")
+    assert bad.code == 2 and "no module named 'nope'" in bad.stderr and "--tb" not in bad.stderr, bad.stderr
     r = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build")
-    assert r.code == 2 and "Traceback" not in r.stderr
-    assert "needs --layer NAME" in r.stderr and "and --tb DIR" in r.stderr, r.stderr
-    r = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0")
-    assert r.code == 2 and "needs --tb DIR" in r.stderr and "--layer NAME" not in r.stderr, r.stderr
+    assert r.code == 2 and "Traceback" not in r.stderr and "embeddings needs the module" in r.stderr, r.stderr
 
 
 def test_output_file_under_a_file_says_so(cli, tmp_path):

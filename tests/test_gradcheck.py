@@ -40,6 +40,9 @@ def test_wrong_function_fails_naming_input_and_element(cli):
     assert doc["passed"] is False and doc["torch_gradcheck"]["passed"] is False
     ok, bad = doc["per_input"]
     assert ok["input"] == "input[0]" and ok["passed"]
+    # no entry off by more than atol: no relative error to give (a "0" beside an abs error of 1e-10 was misread), and
+    # a function target has no train/eval mode (a null "mode" was)
+    assert ok["max_rel_error"] is None and ok["max_abs_error"] < 1e-5 and "mode" not in doc
     assert bad["input"] == "input[1]" and not bad["passed"]
     # closed form: d(x·y²)/dy = 2xy, the wrong backward gives xy → error |xy|, worst where |xy| is largest
     x, y = _inputs("5", "5")

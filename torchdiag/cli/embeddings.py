@@ -33,25 +33,15 @@ def run(o) -> None:
     from ..render.embeddings import record
 
     def precheck():  # before loading anything
-        from ..errors import UsageError
-
-        if o.tb is None:
-            raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
-                             hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
         from ..render.images import check_pictures
 
         check_pictures(o.images, False, "the PCA preview")
 
     # tb: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data;
     # labels: the --batch target (ctx.batch_target)
+    # without --tb the figures alone (the vectors' size, norms, nearest-neighbour labels: a new user wanted those
+    # from --json, and was told to write TensorBoard files first)
     def options():
-        from ..errors import UsageError
-
-        if not o.layer and o.tb is None:   # both said at once (a new user: two runs, one missing option each)
-            raise UsageError("embeddings needs --layer NAME (the module whose output is the embedding) and --tb DIR "
-                             "(the projector data is written for TensorBoard)",
-                             hint="e.g. --layer avgpool --tb runs (the module paths as `torchdiag summary MODEL` lists "
-                                  "them), then tensorboard --logdir runs (PROJECTOR tab)")
         return diag.Options(layer=o.layer, reduce=o.reduce, images=o.images is not None)
 
     job = c.job("embeddings", o, outputs={"projector": o.tb, "images": o.images}, precheck=precheck, options=options)

@@ -318,7 +318,9 @@ def compare(names, xs, analytical, numerical, out_shapes, opts: Options, order: 
         bad = int((~(excess <= 0)).sum())  # a NaN difference is a failure, not a pass
         row = {"order": order, "input": name, "shape": "x".join(map(str, x.shape)) or "scalar",
                "max_abs_error": float(diff.max()) if diff.numel() else 0.0,
-               "max_rel_error": float(rel[diff > opts.atol].max()) if bool((diff > opts.atol).any()) else 0.0,
+               # None (shown "—") where no entry is off by more than atol: a "0" beside an abs error of 3e-10 was
+               # read as a wrong figure (a new user's hour)
+               "max_rel_error": float(rel[diff > opts.atol].max()) if bool((diff > opts.atol).any()) else None,
                "failing_entries": bad, "entries": diff.numel(), "passed": bad == 0}
         if bad:
             flat = int(excess.reshape(-1).argmax())
@@ -423,7 +425,7 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
             Column("failing_entries", "bad entries", "count"), Column("_verdict", "result")]
     result.tables.append(Table("per_input", "Analytical vs numerical gradient, per input", cols, rows,
                                note=f"entry fails when |analytical − numerical| > {opts.atol:g} + {opts.rtol:g}·|numerical|; "
-                                    f"max rel err over the entries off by more than {opts.atol:g} (0: none is); central "
+                                    f"max rel err over the entries off by more than {opts.atol:g} (—: none is); central "
                                     f"differences, eps "
                                     f"{opts.eps:g}; order 2 = gradient of the gradient"))
     for r in rows:
@@ -462,7 +464,8 @@ def _deterministic(checked: Checked, fn, xs, result) -> None:
                              f"({', '.join(str(o.dtype).replace('torch.', '') for o in first) or 'nothing'}): "
                              "there is no gradient to check")
         if _same(first, _call(fn, xs)):
-            result.data["mode"] = "train" if checked.module is not None and checked.module.training else None
+            if checked.module is not None:   # a function has no mode: no key (a null one read as meaningless)
+                result.data["mode"] = "train" if checked.module.training else "eval"
             return
         if checked.module is not None and checked.module.training:
             checked.module.eval()

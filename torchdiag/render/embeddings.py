@@ -83,6 +83,9 @@ def record(result, written: dict) -> None:
         logdir = Path(written["projector"]).parent
         result.summary.insert(at, ("Projector", f"{written['projector']}  (tensorboard --logdir {logdir}, PROJECTOR tab)"))
         at += 1
+    else:   # the CLI without --tb: the figures alone
+        result.summary.insert(at, ("Projector", "not written (--tb DIR writes it for TensorBoard's PROJECTOR tab)"))
+        at += 1
     if written.get("images"):
         result.data["pca_image"] = written["images"]
         explained = sum(result.data.get("pca_explained_variance") or [0.0])
