@@ -868,7 +868,9 @@ def test_names_no_op_gives_a_gradient_are_found_in_one_pass_and_agree_with_the_b
 def test_the_tensors_kept_for_silent_fit_a_share_of_the_free_memory(monkeypatch):
     """derived.silent keeps what every name's ops make (up to MAX_KEPT each): gradflow's float64 re-check of
     torchvision vit_b_16 grew 1.5 GB there, unasked. Now the kept tensors take at most 1/SHARE of the memory free,
-    and a name whose list the budget cut is not called silent (left to `bound`, which measures it alone)."""
+    and a name whose list the budget cut is not called silent in that pass. The cut names are traced again together
+    (a perf review: 75 cut names went to `bound` alone, two float64 forwards each, 350 of a swinv2's 476 s): every
+    name is found in a few passes, each within the budget, not one pass per name."""
     from torchdiag.core import derived, resources
 
     torch.manual_seed(0)
@@ -888,7 +890,10 @@ def test_the_tensors_kept_for_silent_fit_a_share_of_the_free_memory(monkeypatch)
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 12 * 256)   # 3 tensors of 2x16 f64
     got = derived.silent(model, names, count, lambda: nn.functional.mse_loss(model(x), target))
     assert held and max(held) <= 3 * 256, held
-    assert got < {n for n in names if n.startswith("blocks.")}   # some, not all: the rest were cut, not judged
+    # all but the Linear weights, whose first op's 16x16 float64 view (2 KiB) is past the budget alone, over passes
+    # each within it
+    assert got == {n for n in names if n.startswith("blocks.") and not re.match(r"blocks\.\d\.0\.weight", n)}, got
+    assert 1 < len(held) < len(names), held
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: None)   # not known: not cut
     assert derived.silent(model, names, count, lambda: nn.functional.mse_loss(model(x), target)) == \
         {n for n in names if n.startswith("blocks.")}

@@ -138,11 +138,11 @@ def first_order(grad, before, after):
     """sum |grad| × |after − before| (a float64 tensor; float32 on mps): no move where the two agree (a mask's −inf in both, whose
     difference is NaN), and non-finite terms left out (a review: 0 × NaN made the bound NaN, and a NaN bound passed
     for a cancellation)."""
-    import torch
 
     a, b = widened(after), widened(before)
-    terms = widened(grad).abs() * torch.where(a == b, torch.zeros_like(a), (a - b).abs())
-    return terms[torch.isfinite(terms)].sum()
+    # in place on one temporary: a float64 copy of every activation was made ~8 times over (a perf review)
+    terms = (a - b).abs_().masked_fill_(a == b, 0).mul_(widened(grad).abs())
+    return terms.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).sum()
 
 
 def _cloned(obj):
