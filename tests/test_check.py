@@ -375,7 +375,7 @@ def test_json_gives_a_threshold_checks_numbers(cli):
     assert (rows["max-params"]["value"], rows["max-params"]["limit_value"], rows["max-params"]["unit"]) == \
         (params, 1000, "parameters")
     assert rows["max-gmacs"]["value"] == pytest.approx(macs / 1e9) and rows["max-gmacs"]["limit_value"] == 1
-    assert rows["max-gmacs"]["unit"] == "GMACs at batch 16"
+    assert rows["max-gmacs"]["unit"] == "GMACs" and rows["max-gmacs"]["batch"] == 16
     assert rows["nancheck"]["value"] is None and rows["nancheck"]["unit"] is None
 
 

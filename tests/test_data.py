@@ -613,6 +613,25 @@ def test_a_per_token_binary_taggers_sequence_length_is_not_its_class_count(pad):
     assert "classes-absent" not in codes(r) and "labels-out-of-range" not in codes(r), r.findings
     counts = r.data["splits"]["train"]["labels"]["counts"]
     assert counts["0"] == int((tags == 0).sum()) and counts["1"] == int((tags == 1).sum())
+    # a review: sorted longest first, the first batch has no padding; the whole split's values decide
+    order = torch.argsort(lengths, descending=True)
+    ids, tags = ids[order], tags[order]
+    tags[:32] = (tags[:32] == 1).long()   # the first batch's rows full length: no -100 in it
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids, tags), batch_size=32)
+    r = run_data(loader, Options(**QUICK, speed=False), context("cpu"), model=_Tagger())
+    assert "classes-absent" not in codes(r) and "labels-out-of-range" not in codes(r), r.findings
+
+
+def test_integer_labels_over_several_values_beside_one_output_per_position_are_said():
+    """A review: labels 0-4 per token beside (N, T) logits (a token classifier missing its class dimension, or a
+    per-position regression) passed silently once the output was read as one value per position."""
+    g = torch.Generator().manual_seed(0)
+    ids, tags = torch.randint(1, 50, (200, 30), generator=g), torch.randint(0, 5, (200, 30), generator=g)
+    tags[:, -3:] = -100
+    r = run_data(torch.utils.data.TensorDataset(ids, tags), Options(**QUICK, speed=False), context("cpu"),
+                 model=_Tagger())
+    f = one(r, "per-position-values")
+    assert f.severity == "info" and "integers 0–4 (5 values)" in f.message and "(N, T, 5)" in f.hint, f
 
 
 def test_integer_multi_hot_targets_are_read_by_the_models_width():

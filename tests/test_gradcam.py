@@ -834,3 +834,31 @@ def test_a_specs_own_normalisation_is_used_unless_given(cli, monkeypatch, image,
     said = r.json["normalisation"]
     assert f"/ {list(std)}" in said and ("(std: the model's, its pretrained_cfg" if given else "(mean and std: the model's") \
         in said, said
+
+
+@pytest.mark.parametrize("kind", ["conv1d", "columns"])
+def test_a_3d_output_that_is_no_patch_grid_is_refused(image, kind):
+    """A review: a Conv1d's N×64×L output (64 channels read as an 8x8 grid) and a transformer over an image's
+    columns (N×(2 + 64)×C read as 2 prefix tokens and an 8x8 grid) drew maps; they are refused as before: 64 is the
+    layer's channel count, and no Conv2d of the model cuts the image into patches of that grid."""
+    import torch
+    from torch import nn
+
+    class Rows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if kind == "conv1d":   # 32x32 RGB as 96 channels of 32 rows, to 64 channels: N×64×32
+                self.layer = nn.Conv1d(96, 64, 3, padding=1)
+            else:                  # 66 tokens of 8 features from a conv that keeps the image's size
+                self.stem, self.layer = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 8)
+            self.head = nn.Linear(64 if kind == "conv1d" else 8, 5)
+
+        def forward(self, x):
+            if kind == "conv1d":
+                return self.head(self.layer(x.permute(0, 1, 3, 2).reshape(x.shape[0], 96, 32)).mean(2))
+            t = self.stem(x).flatten(2).transpose(1, 2)[:, :66]
+            return self.head(self.layer(t).mean(1))
+
+    torch.manual_seed(0)
+    with pytest.raises(Exception, match="Grad-CAM needs N×C×H×W"):
+        run("gradcam", Rows(), None, layer="layer", image=str(image), target_class=2)

@@ -197,7 +197,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
                          hint="a dense output (N, classes, H, W): explain one class over the pixels with a factory "
                               "that wraps the model to return model(x).mean((2, 3))" if logits.dim() == 4 else "")
     a = captured["a"]
-    grid = token_grid(tuple(a.shape), tuple(x.shape[-2:])) if a.dim() == 3 else None
+    grid = token_grid(tuple(a.shape), tuple(x.shape[-2:]), model, module) if a.dim() == 3 else None
     if a.dim() != 4 and grid is None:
         raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W, "
                          "or a vision transformer's N×tokens×C with a patch grid of the image's aspect",
@@ -238,16 +238,30 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
 PREFIX_TOKENS = 8   # class, distillation and register tokens a vision transformer puts before its patches, at most
 
 
-def token_grid(shape: tuple, image: tuple) -> tuple[int, int, int] | None:
+def token_grid(shape: tuple, image: tuple, model, module) -> tuple[int, int, int] | None:
     """(k, h, w) when an N×L×C output reads as k ≤ PREFIX_TOKENS leading tokens and an h×w patch grid of the image's
-    aspect with square patches (L = k + h·w, H/h = W/w whole): a ViT block's output, the CLS token first (torchvision,
-    timm). The smallest k wins; None when no grid fits."""
+    aspect (L = k + h·w) that the model's own patch embedding makes: a Conv2d whose kernel and stride are both the
+    patch (H/h, W/w), as torchvision's and timm's ViTs cut the image; the CLS token first. Not where L is a channel
+    count of the layer's own parameters (a Conv1d's N×C×L: a review, its 64 channels read as an 8x8 grid), nor
+    without such a patch embedding (a transformer over an image's 56 columns read as 7 + 7x7 tokens). The smallest
+    k wins; None when no grid fits."""
+    from torch import nn
+
+    from ..core.layout import param_sizes
+
     tokens, (height, width) = shape[1], image
+    if tokens in param_sizes(module):
+        return None
+    patches = {(tuple(m.kernel_size), tuple(m.stride)) for m in model.modules() if isinstance(m, nn.Conv2d)}
     for k in range(0, min(PREFIX_TOKENS, tokens - 1) + 1):
         n = tokens - k
         for h in range(1, n + 1):
-            if n % h == 0 and height % h == 0 and width % (n // h) == 0 and height // h == width // (n // h):
-                return k, h, n // h
+            w = n // h
+            if n % h or height % h or width % w:
+                continue
+            patch = (height // h, width // w)
+            if (patch, patch) in patches:
+                return k, h, w
     return None
 
 
@@ -318,8 +332,10 @@ def _normalisation(opts: Options, ctx) -> tuple[tuple, tuple, str]:
     timm spec's pretrained_cfg: the size was read from them, the normalisation was not, and an image fed to loaded
     weights at mean 0, std 1 is off their distribution: a new user's hour), else 0 and 1."""
     own = getattr(ctx.loaded, "normalisation", None) if ctx.loaded is not None else None
-    if own is not None and len(own[0]) != opts.channels:
-        own = None
+    if own is not None and len(own[0]) != opts.channels:   # said: a review found it dropped silently
+        return ((0.0,) * opts.channels if opts.mean is None else opts.mean,
+                (1.0,) * opts.channels if opts.std is None else opts.std,
+                f" (the model's own, {own[2]}, is for {len(own[0])} channels: not used with --channels {opts.channels})")
     mean = opts.mean if opts.mean is not None else own[0] if own is not None else (0.0,) * opts.channels
     std = opts.std if opts.std is not None else own[1] if own is not None else (1.0,) * opts.channels
     taken = [name for name, given in (("mean", opts.mean), ("std", opts.std)) if given is None and own is not None]

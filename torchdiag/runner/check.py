@@ -60,6 +60,7 @@ class CheckOutcome:
     value: float | None = None   # a threshold check's measured number and its limit, in `unit` (--json: a CI job
     limit_value: float | None = None   # plots them without parsing "1,562" or "483.19 KiB", a new user's hour)
     unit: str = ""
+    batch: int | None = None     # the batch a count was made at (GMACs, GFLOPs), where over 1
 
 
 def _unknown(keys, allowed, where: str):
@@ -69,14 +70,17 @@ def _unknown(keys, allowed, where: str):
 
 
 def _belongs(key: str, allowed) -> str:
-    """Where an unknown key goes: a check key written at the top of [tool.torchdiag] belongs in its check table (a
-    new user's first config put max-trainable-params there), a model key in a check table at the top; else the
-    closest known key, and the list."""
-    if key in CHECK_KEYS and "check" in allowed:
-        return f"'{key}' is a check: put it under [tool.torchdiag.check] (or an entry's own check table)"
-    if key in ROOT_KEYS - {"check"} and "max-params" in allowed:
-        return f"'{key}' is a model setting: put it at the top of [tool.torchdiag] (or in a [[tool.torchdiag.models]] entry)"
+    """Where an unknown key goes: a check key (or a near miss of one) written at the top of [tool.torchdiag] belongs
+    in its check table (a new user's first config put max-trainable-params there), a model setting in a check table
+    at the top; else the closest known key, and the list."""
+    other = CHECK_KEYS if "check" in allowed else MODEL_KEYS - {"check", "name"} if "max-params" in allowed else set()
     close = difflib.get_close_matches(key, sorted(allowed), n=1)
+    near = [] if close else difflib.get_close_matches(key, sorted(other), n=1)
+    meant = key if key in other else near[0] if near else None
+    if meant is not None:
+        table = ("a check: put it under [tool.torchdiag.check] (or an entry's own check table)" if other is CHECK_KEYS
+                 else "a model setting: put it at the top of [tool.torchdiag] (or in a [[tool.torchdiag.models]] entry)")
+        return ("" if meant == key else f"did you mean '{meant}'? ") + f"'{meant}' is {table}"
     return (f"did you mean '{close[0]}'? " if close else "") + f"known keys: {', '.join(sorted(allowed))}"
 
 
@@ -419,7 +423,8 @@ class _Recorder:
         self.model_name = model_name
         self.outcomes: list[CheckOutcome] = []
 
-    def __call__(self, check: str, fn, limit: str = "", limit_value: float | None = None, unit: str = "") -> None:
+    def __call__(self, check: str, fn, limit: str = "", limit_value: float | None = None, unit: str = "",
+                 batch: int | None = None) -> None:
         """fn() -> (passed, figure, message) or, for a threshold, (passed, figure, message, value in `unit`)."""
         t0 = time.perf_counter()
         value = None
@@ -437,7 +442,8 @@ class _Recorder:
             passed, figure, message = None, "input error" if code == ExitCode.USAGE else "error", _said(exc)
         self.outcomes.append(CheckOutcome(self.model_name, check, passed, figure, limit, message,
                                           time.perf_counter() - t0, code, value,
-                                          limit_value if value is not None else None, unit if value is not None else ""))
+                                          limit_value if value is not None else None, unit if value is not None else "",
+                                          batch if value is not None else None))
 
 
 def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
@@ -508,7 +514,7 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
                 g = cache["r"].data[data_key] / 1e9
                 shown = f"{_against(g, limit)} {unit}{at}"
                 return g <= limit, shown, "" if g <= limit else f"{shown} > limit {limit:g}", g
-            record(key, check_flops, f"{c[key]:g} {unit}", c[key], unit + at)
+            record(key, check_flops, f"{c[key]:g} {unit}", c[key], unit, batch if batch > 1 else None)
 
 
 def _per_sample(inputs):
@@ -748,7 +754,7 @@ def _status(o: CheckOutcome) -> str:
 def _table(outcomes: list[CheckOutcome], multi: bool) -> Table:
     rows = [{"model": o.model, "check": o.check, "figure": o.figure, "limit": o.limit, "status": _status(o),
              "passed": bool(o.passed), "message": o.message, "seconds": round(o.seconds, 3),
-             "value": o.value, "limit_value": o.limit_value, "unit": o.unit or None,
+             "value": o.value, "limit_value": o.limit_value, "unit": o.unit or None, "batch": o.batch,
              "_style": None if o.passed else "yellow" if o.code in INTERRUPTS else "red"}
             for o in outcomes]
     cols = ([Column("model", "model")] if multi else []) + [

@@ -39,6 +39,7 @@ class State:
     scans: dict = field(default_factory=dict)   # split -> scan.SplitScan
     classes: int | None = None        # the model's output size (C ≥ 2 classes)
     one_output: bool = False          # the model gives one value per sample: its targets are values, not classes
+    per_position: bool = False        # ... one per position of a target of its own shape (a binary token tagger)
     scaling: Any = None               # core.input_scale.Seen: what the model's weighted layers read (with --model)
     standardising: Any = None         # core.input_scale.Standardising: what standardising first changes (with --model)
     box: tuple | None = None          # reach.output_box: the bound of a single squashed output (with --model)
@@ -151,7 +152,7 @@ def _stages(st: State) -> None:
     first = st.first_batch
     if st.model is not None and first is not None:
         st.phase = "the model's output size"
-        width = speed.output_size(st.model, first, roles, ctx)
+        width, st.per_position = speed.output_size(st.model, first, roles, ctx, _beyond_binary(st, roles))
         st.classes, st.one_output = (width, False) if width != 1 else (None, True)
         if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
@@ -169,6 +170,16 @@ def _stages(st: State) -> None:
             st.hang, st.hang_phase = h, st.phase
             return
     _speed(st, loader, roles, ds)
+
+
+def _beyond_binary(st: State, roles) -> bool | None:
+    """Whether the target field holds, in any split scanned, a value other than 0 and 1 (an ignore index, a
+    regression's values, a class past 1); None when no split read it."""
+    fields = [s.fields[roles.target] for s in st.scans.values() if roles.target in s.fields]
+    fields = [f for f in fields if f.values]
+    if not fields:
+        return None
+    return any(not (f.integral and f.lo >= 0 and f.hi <= 1) for f in fields)
 
 
 def _targets_beyond_unit(st: State) -> bool:

@@ -411,6 +411,11 @@ def _labels(r, st, f, where, split) -> None:
               "check the label loading (a constant default, a wrong column, a folder structure not read)")
         return
     if values and len(counts) > 2:   # a regression's integer values: no classes to balance or to miss
+        if st.per_position and min(counts) >= 0 and max(counts) < 100_000:   # (N, T) logits, labels 0..K per token
+            r.add("per-position-values", "info", where, f"the model gives one value per position of the target's "
+                  f"shape, and the labels are integers {min(counts)}–{max(counts)} ({len(counts)} values): a "
+                  "per-position regression, or a classifier missing its class dimension",
+                  f"a token classifier over these labels gives (N, T, {max(counts) + 1}) logits")
         return
     top = max(counts.values())
     low_c = min(counts, key=counts.get)

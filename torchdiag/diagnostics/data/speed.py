@@ -198,10 +198,12 @@ def _dtypes_fit(model, args, kwargs, exc) -> None:
                          "(model.double())") from None
 
 
-def output_size(model, batch, roles, ctx) -> int | None:
-    """The class dimension of the model's output on one batch (eval, no grad, on a copy): C ≥ 2; 1 for one value per
-    sample ((N,) or (N, 1): a binary logit or a regression, whose targets are values, not class indices); None when
-    unknown (a forward that fails, an output of another shape)."""
+def output_size(model, batch, roles, ctx, beyond_binary: bool | None = None) -> tuple[int | None, bool]:
+    """(the class dimension of the model's output on one batch (eval, no grad, on a copy): C ≥ 2; 1 for one value
+    per sample ((N,) or (N, 1): a binary logit or a regression, whose targets are values, not class indices), or per
+    position (an output of the target's own shape whose values are not all 0/1: `beyond_binary`, read over the whole
+    split by the caller, else from this batch); None when unknown (a forward that fails, an output of another shape);
+    whether it is one value per position)."""
     import copy
 
     from ...core.inputs import ModelInputs
@@ -220,29 +222,31 @@ def output_size(model, batch, roles, ctx) -> int | None:
     try:
         y, _ = primary_output(out)
     except Exception:
-        return None
+        return None, False
     # cross_entropy's convention: (N, C) with C ≥ 2 classes; (N, 1) is a binary logit, not one class
     n = B.batch_size(batch)
     if y.is_floating_point() and y.dim() >= 1 and y.shape[0] == n and y.numel() == n:   # (N,), (N, 1), (N, 1, 1, 1)
-        return 1   # (a 0-d output is a batch's loss as often as a squeezed batch of one: unknown)
+        return 1, False   # (a 0-d output is a batch's loss as often as a squeezed batch of one: unknown)
     target = B.get(batch, roles.target) if roles.target is not None else None
-    if _one_per_target_value(y, target):
-        return 1
+    if _one_per_target_value(y, target, beyond_binary):
+        return 1, True
     if isinstance(target, torch.Tensor) and target.dim() >= 2 and y.dim() == target.dim() + 1 \
             and tuple(y.shape[:-1]) == tuple(target.shape) and y.shape[-1] >= 2:
-        return int(y.shape[-1])   # (N, T, C) against (N, T): a language model's tokens (a new user's: T was read)
+        return int(y.shape[-1]), False   # (N, T, C) against (N, T): a language model's tokens (a new user's: T was read)
     if y.dim() >= 2 and y.shape[1] >= 2:
-        return int(y.shape[1])
-    return None
+        return int(y.shape[1]), False
+    return None, False
 
 
-def _one_per_target_value(y, target) -> bool:
+def _one_per_target_value(y, target, beyond_binary: bool | None) -> bool:
     """The output has the target's own (N, T, ...) shape and the target holds values other than 0/1 (an ignore
     index, a regression's values): one logit or value per position, not T classes (a per-token binary tagger's
-    (N, T) logits read as 30 classes, a review). A 0/1 target of the output's shape stays a multi-label's."""
+    (N, T) logits read as 30 classes, a review). A 0/1 target of the output's shape stays a multi-label's. The
+    values are the whole split's where known (a review: a loader sorted longest first had no padding in its first
+    batch)."""
     if not isinstance(target, torch.Tensor) or target.dim() < 2 or tuple(y.shape) != tuple(target.shape):
         return False
-    return bool(((target != 0) & (target != 1)).any())
+    return beyond_binary if beyond_binary is not None else bool(((target != 0) & (target != 1)).any())
 
 
 def input_scaling(model, batch, roles, ctx):
