@@ -13,6 +13,10 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS",
                           str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
+# The CLI's "still running" notice (cli/common.still_running) comes after a minute of a run; a busy machine could make a
+# sample's run that long and put a line in an output a test compares: off here, on in the tests that ask for it.
+os.environ["TORCHDIAG_STILL_RUNNING"] = "0"
+
 import pytest  # noqa: E402
 from _pytest.python import CallSpec
 

@@ -209,3 +209,50 @@ def test_an_empty_path_is_said_empty_not_the_working_folder(cli, args):
     """A hostile review: `--checkpoint ""` said "--checkpoint . is a folder" (Path("") is "."), a path never typed."""
     res = cli(*args, "")
     assert res.code == 2 and "an empty path" in res.stderr and " . " not in res.stderr, res.stderr
+
+
+SLOW = '''
+import time
+import torch
+from torch import nn
+
+
+class Slow(nn.Module):
+    """A zero-initialised head (its layers' gradients are exactly 0: gradflow re-checks them on a trained copy)
+    whose forward takes a while."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+        nn.init.zeros_(self.head.weight)
+
+    def forward(self, x):
+        time.sleep(0.05)
+        return self.head(torch.relu(self.body(x)))
+
+
+def build():
+    return Slow()
+
+
+def example_inputs():
+    return (torch.randn(4, 4),)
+'''
+
+
+def test_a_long_run_says_it_is_still_running_in_a_log(cli, tmp_path, monkeypatch):
+    """A perf review: swinv2's gradflow ran 10 minutes printing nothing where stderr is a file (a CI log cannot
+    tell it from a hang). Past TORCHDIAG_STILL_RUNNING seconds a line says so and what the run is doing; the
+    result is unchanged, and 0 turns the lines off."""
+    from torchdiag.cli import common
+
+    (tmp_path / "slow.py").write_text(SLOW)
+    monkeypatch.setattr(common, "NOTICE_EVERY", 0.05)
+    monkeypatch.setenv("TORCHDIAG_STILL_RUNNING", "0.05")
+    noted = cli("gradflow", f"{tmp_path / 'slow.py'}:build", "--json")
+    lines = [line for line in noted.stderr.splitlines() if "still running" in line]
+    assert noted.code == 0 and lines and all(line.startswith("torchdiag gradflow: still running after ") for line in lines)
+    assert any(line.endswith("on a copy trained for 3 steps, and their gates") for line in lines), lines
+    monkeypatch.setenv("TORCHDIAG_STILL_RUNNING", "0")
+    quiet = cli("gradflow", f"{tmp_path / 'slow.py'}:build", "--json")
+    assert "still running" not in quiet.stderr and quiet.json["findings"] == noted.json["findings"]

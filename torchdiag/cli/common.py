@@ -3,6 +3,7 @@ option groups it takes, their spellings and help) plus its own options; a runner
 typed; and the printing of the runner's Outcome (result, error lines, the --json error document)."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -88,7 +89,8 @@ def job(name: str, o, *, optimizer: dict | None = None, outputs: dict | None = N
         fields["optimizer"] = optimizer
     if not needs_inputs:
         fields["needs_inputs"] = False
-    return Job(command, fields, dict(outputs or {}), progress=lambda message: progress(message, bool(o.json)), **hooks)
+    return Job(command, fields, dict(outputs or {}), progress=lambda message: progress(message, bool(o.json)),
+               working=still_running, **hooks)
 
 
 def execute(job, render_extra: Callable | None = None) -> None:
@@ -181,6 +183,46 @@ def progress(message: str, json_mode: bool):
     from rich.console import Console
 
     return Console(stderr=True).status(message)
+
+
+NOTICE_ENV = "TORCHDIAG_STILL_RUNNING"   # seconds before the first notice (default 60); 0 turns them off
+NOTICE_EVERY = 120.0                     # seconds between the later ones
+
+
+@contextlib.contextmanager
+def still_running(message: str):
+    """Around a diagnostic's run, where stderr is not a terminal (a CI log): one line after a minute, then every two,
+    saying what it is doing (core/phase.py), so a re-check that takes minutes on a large model is not taken for a
+    hang (a perf review: swinv2 gradflow and xcit doctor ran 4-10 silent minutes). A terminal's reader sees the
+    process; commands with a live bar draw it there."""
+    import threading
+    import time
+
+    from ..core import phase
+
+    try:
+        first = float(os.environ.get(NOTICE_ENV, "60"))
+    except ValueError:
+        first = 60.0
+    if first <= 0 or sys.stderr.isatty():
+        yield
+        return
+    done, start = threading.Event(), time.monotonic()
+
+    def notice() -> None:
+        wait = first
+        while not done.wait(wait):
+            now, seconds = phase.current(), time.monotonic() - start
+            took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+            err(f"{message}: still running after {took}" + (f": {now}" if now else ""))
+            wait = NOTICE_EVERY
+
+    thread = threading.Thread(target=notice, name="torchdiag-notice", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def to_stdout(write: Callable[[], object]) -> None:

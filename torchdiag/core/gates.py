@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import train
+from . import phase, train
 from .device import has_float64
 from .readback import read_back
 from .recording import float_tensors, kinds, saturated
@@ -188,6 +188,12 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     # (torchvision ssd300's class head: transient at 3 steps, 18.7x against a 4.7x loss fall at 5)
     gated = any(f.kind == "exploding-grad" and f.tiny for f in flags)
     steps = MAX_STEPS if gated else max(1, min(int(steps), MAX_STEPS))
+    with phase.doing(f"re-checking {len(flags)} finding(s) on a copy trained for {steps} steps, and their gates"):
+        return _recheck(model, inputs, flags, ctx, steps, eval_mode, prepare, passes)
+
+
+def _recheck(model, inputs, flags, ctx, steps, eval_mode, prepare, passes) -> Recheck:
+    """recheck's runs: the short one, then a longer one for the gradients climbing towards their threshold."""
     rc = _run(model, inputs, flags, ctx, steps, eval_mode, prepare, passes)
     climbing = [v.flag for v in rc.verdicts.values() if _climbing(v)]
     if not climbing:

@@ -79,14 +79,17 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     not asked. Cost: one forward + backward (two when the widened forward fails), per strict name and per name
     the loss cannot tell two calls of its module alone, the shifted forwards of bisect, and those of a second
     bisection of the names the loss cannot tell at a unit shift, each at its own larger shift."""
+    from . import phase
+
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     found: set[str] = set()
-    for k in range(RANDOM_DRAWS + 1):
-        if not names:
-            break
-        got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict)
-        found |= got
+    with phase.doing(f"shifting {len(names)} parameter(s) on a float64 copy: does the loss depend on them?"):
+        for k in range(RANDOM_DRAWS + 1):
+            if not names:
+                break
+            got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict)
+            found |= got
     return found
 
 

@@ -17,7 +17,8 @@ class Job:
     `options()` builds the diagnostic's Options (before anything loads); `precheck()` checks files asked for;
     `run(model, inputs, opts, ctx)` replaces the diagnostic's run (live progress); `produce() -> Result` is
     for targets that are not one model (check, gradcheck); `after(result, written)` runs once the files are
-    written (the CLI's messages about them); `progress(message)` a context shown while it loads."""
+    written (the CLI's messages about them); `progress(message)` a context shown while it loads; `working(message)`
+    one around the diagnostic's run (the CLI's "still running" notice in a log)."""
 
     command: Command
     fields: dict = field(default_factory=dict)
@@ -29,6 +30,7 @@ class Job:
     after: Callable | None = None                 # after(result, written) once the files are written
     show: Callable | None = None                  # show(outcome) -> exit code: how the caller prints an outcome
     progress: Callable[[str], Any] = lambda message: contextlib.nullcontext()
+    working: Callable[[str], Any] = lambda message: contextlib.nullcontext()   # around the diagnostic's run
     caller: str = "cli"
 
     def given(self, name: str, default=None):

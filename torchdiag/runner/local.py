@@ -56,7 +56,8 @@ def execute(job: Job) -> Outcome:
             refuse_wrap(spec)
         with isolated(job.json, keep_stdin=job.command.target == "script"):  # the user's code runs in here
             if job.produce is not None:
-                with job.progress(f"torchdiag {job.command.name}: {spec.model}"):
+                with job.progress(f"torchdiag {job.command.name}: {spec.model}"), \
+                        job.working(f"torchdiag {job.command.name}"):
                     result = job.produce()
             else:
                 diagnostic = job.diagnostic()
@@ -65,7 +66,8 @@ def execute(job: Job) -> Outcome:
 
                     model, inputs, ctx = prepare(spec, needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
                 # outside the loading spinner: a command may show its own live progress
-                result = (job.run or diagnostic.run)(model, inputs, o, ctx)
+                with job.working(f"torchdiag {job.command.name}"):
+                    result = (job.run or diagnostic.run)(model, inputs, o, ctx)
                 ctx.finish(result)
             from ..render import write_outputs
 
