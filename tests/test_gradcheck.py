@@ -431,3 +431,15 @@ def test_too_many_elements_from_the_parameters_points_at_no_params(cli, tmp_path
     assert "90,900 elements to check (90,300 of them the module's parameters)" in r.stderr, r.stderr
     assert "--no-params checks the inputs alone" in r.stderr, r.stderr
     assert cli("gradcheck", f"{tmp_path}/wide.py:build", "-i", "2x300", "--no-params").code == 0
+
+
+def test_a_modules_weights_come_from_the_seed(cli):
+    """A review: ScaledTanh's weights were drawn from wherever the RNG stood, so its errors changed from run to run.
+    Built after torch.manual_seed(--seed), as every command builds its model: the same seed, the same numbers."""
+    def errors(*seed):
+        r = cli("gradcheck", sample(f"{CA}:ScaledTanh"), "-i", "2x3", *seed, "--json")
+        assert r.code == 0, r.stderr
+        return [row["max_abs_error"] for row in r.json["per_input"]]
+
+    first = errors()
+    assert errors() == first and errors("--seed", "0") == first and errors("--seed", "1") != first

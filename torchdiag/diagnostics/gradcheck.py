@@ -517,8 +517,14 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     if not has_float64(device):
         raise UsageError(f"gradcheck compares gradients in float64, which {device.type} does not have",
                          hint="run it with --device cpu (or cuda)")
+    import torch
+
     where, name = split_spec(spec.model)
     module = import_module(where)
+    # built after `torch.manual_seed(seed)`, as every command builds its model (a review: a module's weights, and
+    # so its errors, changed from run to run)
+    if spec.seed is not None:
+        torch.manual_seed(spec.seed)
     kind, target = resolve_target(find_factory(module, name, where), parse_args(list(spec.args)), name)
     if kind == "nn.Module":
         target = target.to(device)
