@@ -253,6 +253,12 @@ def test_a_long_run_says_it_is_still_running_in_a_log(cli, tmp_path, monkeypatch
     lines = [line for line in noted.stderr.splitlines() if "still running" in line]
     assert noted.code == 0 and lines and all(line.startswith("torchdiag gradflow: still running after ") for line in lines)
     assert any(line.endswith("on a copy trained for 3 steps, and their gates") for line in lines), lines
+    gate = cli("check", f"{tmp_path / 'slow.py'}:build", "--gradflow", "--json")   # a review: check had none
+    assert gate.code == 0 and "torchdiag check: still running after " in gate.stderr, gate.stderr
     monkeypatch.setenv("TORCHDIAG_STILL_RUNNING", "0")
     quiet = cli("gradflow", f"{tmp_path / 'slow.py'}:build", "--json")
     assert "still running" not in quiet.stderr and quiet.json["findings"] == noted.json["findings"]
+    for odd in ("nan", "1e20", "soon"):   # the default minute (nan said it at once; 1e20 broke the timer's thread)
+        monkeypatch.setenv("TORCHDIAG_STILL_RUNNING", odd)
+        r = cli("gradflow", f"{tmp_path / 'slow.py'}:build", "--json")
+        assert r.code == 0 and "still running" not in r.stderr and "Traceback" not in r.stderr, (odd, r.stderr)

@@ -1806,7 +1806,8 @@ class _Settles(nn.Module):
 def test_determinism_fingerprints_calls_only_when_two_eval_forwards_differ(monkeypatch):
     """A perf review: every module call of both eval forwards was fingerprinted in float64 (xcit: 14 s a forward
     against 0.6 s plain) to name a culprit most models never have. A healthy model's forwards are plain; a random
-    one is fingerprinted on two more, and still named; one whose output settles after its first calls is said as such."""
+    one is fingerprinted on more pairs, and still named; one whose output settles after its first calls is said as not
+    caught."""
     from torchdiag.diagnostics.doctor import determinism as det
 
     made = []
@@ -1824,7 +1825,22 @@ def test_determinism_fingerprints_calls_only_when_two_eval_forwards_differ(monke
     (f,) = found(run_diag(noisy, torch.randn(4, 8)).to_dict(), "nondeterministic-eval")
     assert f["where"] == "1" and len(made) == 2, (f, made)
     (g,) = found(run_diag(_Settles(), torch.randn(4, 8)).to_dict(), "nondeterministic-eval")
-    assert "two forwards after them agree: the output settled" in g["message"], g
+    assert "the 6 forwards after them agreed pair by pair" in g["message"] and g["where"] == "(root)", g
+    # a second review: off on every 4th call never settles; one off on every 3rd (calls 3, 6: the plain pair, then
+    # the second recorded one) is named from the pair that differs
+    (h,) = found(run_diag(nn.Sequential(nn.Linear(8, 8), _EveryThird(), nn.Linear(8, 3)), torch.randn(4, 8)).to_dict(),
+                 "nondeterministic-eval")
+    assert h["where"] == "1", h
+
+
+class _EveryThird(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x + (1.0 if self.calls % 3 == 0 else 0.0)
 
 
 class _Noise(nn.Module):

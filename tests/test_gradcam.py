@@ -499,24 +499,29 @@ def test_a_channels_last_layer_is_read_as_such(image):
     assert abs(last.data["heatmap_mean"] - first.data["heatmap_mean"]) < 1e-6
 
 
-@pytest.mark.parametrize("prefix", [0, 1, 2])
-def test_a_vision_transformers_tokens_are_read_as_its_patch_grid(image, prefix):
+@pytest.mark.parametrize("prefix,width", [(0, 24), (1, 24), (2, 24), (0, 64)])
+def test_a_vision_transformers_tokens_are_read_as_its_patch_grid(image, prefix, width):
     """A new user's hour: a ViT block's N×197×768 output was refused ("choose a convolutional layer", which a ViT has
     none of after its patch embedding). Tokens after `prefix` class/distillation tokens are the patch grid: a layer
     that flattens a conv's 8×8 map into tokens (row-major, as ViTs do) behind learned prefix tokens explains the class
-    exactly as the conv itself does. After the last block a class-token head reads only the prefix: said as such."""
+    exactly as the conv itself does. After the last block a class-token head reads only the prefix: said as such.
+    64 tokens beside a width of 64 (a second review: refused as a channel count) are tokens too."""
     import torch
     from torch import nn
 
     class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(width))   # a block's own parameter of the width: 64 beside 64 tokens
+
         def forward(self, x, cls):
-            return torch.cat([cls.expand(x.shape[0], -1, -1), x.flatten(2).transpose(1, 2)], 1)
+            return torch.cat([cls.expand(x.shape[0], -1, -1), x.flatten(2).transpose(1, 2)], 1) * self.scale
 
     class Net(nn.Module):
         def __init__(self, read_cls=False):
             super().__init__()
-            self.conv, self.tokens, self.head = nn.Conv2d(3, 24, 4, stride=4), Tokens(), nn.Linear(24, 5)
-            self.cls, self.read_cls = nn.Parameter(torch.randn(1, prefix, 24)), read_cls
+            self.conv, self.tokens, self.head = nn.Conv2d(3, width, 4, stride=4), Tokens(), nn.Linear(width, 5)
+            self.cls, self.read_cls = nn.Parameter(torch.randn(1, prefix, width)), read_cls
 
         def forward(self, x):
             t = torch.relu(self.tokens(self.conv(x), self.cls))

@@ -87,7 +87,7 @@ def register(app) -> None:
         from ..runner.job import Job
 
         job = Job(get("check"), fields, {"junit": junit}, produce=produce, precheck=lambda: junit_path(junit),
-                  progress=lambda message: c.progress(message, json))
+                  progress=lambda message: c.progress(message, json), working=c.still_running)
         c.execute(job, render_extra=extras)
 
 

@@ -106,7 +106,8 @@ def execute(job, render_extra: Callable | None = None) -> None:
     code = show(outcome, job)
     finishing.printed(code)
     # what is left (the model, its float64 and trained copies) is freed by the exit itself: the interpreter's last
-    # cyclic collection walked it for seconds after the output (xcit: 3-4 s, a perf review)
+    # cyclic collection walked it for seconds after the output (xcit: 3-4 s, a perf review). A __del__ of an object
+    # in a cycle then does not run at exit, which Python does not promise either (its data model's __del__ note)
     import gc
 
     gc.freeze()
@@ -189,6 +190,18 @@ NOTICE_ENV = "TORCHDIAG_STILL_RUNNING"   # seconds before the first notice (defa
 NOTICE_EVERY = 120.0                     # seconds between the later ones
 
 
+def _notice_after() -> float:
+    """TORCHDIAG_STILL_RUNNING's seconds: 0 or less, off; not a finite number, the default 60 (a review: nan said
+    "still running after 0 s" at once, 1e20 overflowed the timer's thread); at most a day."""
+    import math
+
+    try:
+        value = float(os.environ.get(NOTICE_ENV, "60"))
+    except ValueError:
+        return 60.0
+    return min(value, 86400.0) if math.isfinite(value) else 60.0
+
+
 @contextlib.contextmanager
 def still_running(message: str):
     """Around a diagnostic's run, where stderr is not a terminal (a CI log): one line after a minute, then every two,
@@ -200,10 +213,7 @@ def still_running(message: str):
 
     from ..core import phase
 
-    try:
-        first = float(os.environ.get(NOTICE_ENV, "60"))
-    except ValueError:
-        first = 60.0
+    first = _notice_after()
     if first <= 0 or sys.stderr.isatty():
         yield
         return

@@ -28,9 +28,9 @@ def channels_last(shape: tuple, image: tuple, module=None, model=None, producer=
     last, second = aspect(shape[1], shape[2]), aspect(shape[2], shape[3])
     if second and not last:
         return False
-    sizes = param_sizes(module) or param_sizes(model)   # a layer without parameters (an Identity): the model's
+    sizes = _param_sizes(module) or _param_sizes(model)   # a layer without parameters (an Identity): the model's
     says_last, says_first = shape[3] in sizes and shape[1] not in sizes, shape[1] in sizes and shape[3] not in sizes
-    made = param_sizes(producer)
+    made = _param_sizes(producer)
     says_first = says_first or (shape[1] in made and shape[3] not in made)
     says_last = says_last and not says_first
     if last and not second:
@@ -39,7 +39,7 @@ def channels_last(shape: tuple, image: tuple, module=None, model=None, producer=
     return says_last
 
 
-def param_sizes(module) -> set[int]:
+def _param_sizes(module) -> set[int]:
     """Every dimension of every parameter of `module` (none without one)."""
     if module is None:
         return set()

@@ -5,6 +5,7 @@ rank 0 merges and its Outcome is shown once. Other ranks show nothing unless the
 `error: [rank N] …` line, unless every rank failed alike: rank 0 says that once). Torch-free at import."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -155,7 +156,8 @@ def _run_rank(job: Job, spec, sess, diagnostic, o, local: Local) -> dict:
     try:
         with isolated(job.json):
             _prepare(spec, sess, diagnostic, local)
-            local.result = (job.run or diagnostic.run)(local.model, local.inputs, o, local.ctx)
+            with job.working(f"torchdiag {job.command.name}") if r.main else contextlib.nullcontext():   # rank 0 says
+                local.result = (job.run or diagnostic.run)(local.model, local.inputs, o, local.ctx)
             _interrupted(local.result)
             local.ctx.finish(local.result)
             files = _rank_files(job, local.result, r.rank)   # a failed write is this rank's error (exit 2)

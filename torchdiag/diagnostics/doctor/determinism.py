@@ -130,7 +130,6 @@ def _culprit(one, two) -> tuple[str, str]:
 
 
 def check_determinism(work, inputs, ck: Checklist) -> None:
-
     work.eval()
     outs, _ = _forwards(work, inputs, record=False)
     diff = max_diff(outs[0], outs[1])
@@ -140,18 +139,15 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
     if _close(diff, outs[0]):
         ck.row("determinism", "ok", f"two eval forwards agree to {diff:.1e} (floating-point reduction order)")
         return
-    # where they part: two more forwards with every call fingerprinted (20x a plain forward on a big model, a perf
-    # review: paid only here, not on every model's two eval forwards)
-    again, runs = _forwards(work, inputs, record=True)
-    first_only = _close(max_diff(again[0], again[1]), again[0])
-    culprit, kind = ("", "") if first_only else _culprit(*_read(runs))
+    parted = _where_they_part(work, inputs)
+    culprit, kind = parted or ("", "")
     what = "different outputs" + (f" (max abs difference {diff:.4g})" if diff not in (None, float("inf")) else "")
     kind = f" ({kind})" if kind else ""   # a review: "(root) (?)"
     message = (f"in eval mode the same input gives {what}; " + (
-        "two forwards after them agree: the output settled after the model's first calls (a cache, a lazily made "
-        "buffer, a count its forward keeps), so its first evaluation differs from the later ones" if first_only else
         f"{name(culprit)}{kind} is where they part: the first module whose output changes while its input does "
-        "not, or whose own forward hands its calls different inputs"))
+        "not, or whose own forward hands its calls different inputs" if parted is not None else
+        f"the {2 * RECORDED_PAIRS} forwards after them agreed pair by pair, so where they part was not caught: the "
+        "output changes now and then, or settled after the model's first calls (a cache, a count its forward keeps)"))
     drawn = _random_ops(work, inputs)
     sampling = bool(drawn) and drawn <= SAMPLING_OPS
     if sampling:   # a sampling model (a VAE) is not failed for it; a mask left on, or a state that moves, is
@@ -160,6 +156,20 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
     ck.find("determinism", "nondeterministic-eval", "warning" if sampling else "error", name(culprit), message,
             SAMPLING_HINT if sampling else RANDOM_EVAL_HINT,
             verdict=f"eval output changes between two runs: {name(culprit)}")
+
+
+RECORDED_PAIRS = 3   # fingerprinted pairs of forwards at most, to catch where two outputs part
+
+
+def _where_they_part(work, inputs) -> tuple[str, str] | None:
+    """(module, type) where two eval forwards part, from every call fingerprinted (20x a plain forward on a big
+    model, a perf review: paid only once two plain forwards differed), pair by pair until a pair differs; None when
+    none of RECORDED_PAIRS does (a second review: a model off on every 4th call was said to have settled)."""
+    for _ in range(RECORDED_PAIRS):
+        outs, runs = _forwards(work, inputs, record=True)
+        if not _close(max_diff(outs[0], outs[1]), outs[0]):
+            return _culprit(*_read(runs))
+    return None
 
 
 def _forwards(work, inputs, record: bool) -> tuple[list, list]:
