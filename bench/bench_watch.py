@@ -1,9 +1,12 @@
 """watch (issue 27): step-time overhead of watching a real training loop, and the cost of each check.
 
     .venv/bin/python bench/bench_watch.py [--steps 50] [--rounds 5] [--every 50] [--device cpu|cuda]
+                                          [--cnn-batch 16] [--only cnn|lm]
 
 Two loops, each a plain `zero_grad / forward / cross-entropy / backward / step`:
-- cnn: sample_models/resnet.py:resnet18 (10 classes), batch 16 of 3x32x32, SGD momentum 0.9;
+- cnn: sample_models/resnet.py:resnet18 (10 classes), batch 16 of 3x32x32 (`--cnn-batch`: 128 is CIFAR's usual
+  recipe; 16 is the worst case for the per-step gradient-norm pass, a fixed cost against a small step), SGD
+  momentum 0.9;
 - lm: sample_models/transformer_lm.py:build (vocab 1000, dim 64, 2 layers, context 64), batch 8, AdamW.
 Each round runs `--steps` steps plain and `--steps` steps inside `Watch(model, opt, every=--every)`
 back to back (alternating which goes first); the overhead is the median over rounds of watched/plain - 1.
@@ -30,7 +33,7 @@ from common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 CLOCK = time.thread_time
 
 
-def models(device):
+def models(device, cnn_batch: int = 16):
     import torch
 
     from torchdiag.core.loading import import_module
@@ -39,11 +42,13 @@ def models(device):
     res = import_module(str(ROOT / "sample_models" / "resnet.py")).resnet18(10).to(device)
     lm = import_module(str(ROOT / "sample_models" / "transformer_lm.py")).build().to(device)
     g = torch.Generator().manual_seed(0)
-    cnn_batch = (torch.randn(16, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (16,), generator=g).to(device))
+    images = (torch.randn(cnn_batch, 3, 32, 32, generator=g).to(device),
+              torch.randint(0, 10, (cnn_batch,), generator=g).to(device))
     tokens = torch.randint(0, 1000, (8, 65), generator=g).to(device)
     return {
-        "cnn (resnet18, batch 16x3x32x32, SGD)": (res, torch.optim.SGD(res.parameters(), lr=0.01, momentum=0.9),
-                                                  cnn_batch, lambda out, y: torch.nn.functional.cross_entropy(out, y)),
+        f"cnn (resnet18, batch {cnn_batch}x3x32x32, SGD)": (
+            res, torch.optim.SGD(res.parameters(), lr=0.01, momentum=0.9), images,
+            lambda out, y: torch.nn.functional.cross_entropy(out, y)),
         "lm (transformer, 2 layers, batch 8x64, AdamW)": (
             lm, torch.optim.AdamW(lm.parameters(), lr=1e-3), (tokens[:, :-1], tokens[:, 1:]),
             lambda out, y: torch.nn.functional.cross_entropy(out["logits"].reshape(-1, 1000), y.reshape(-1)))}
@@ -156,6 +161,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--wall", action="store_true", help="time with the wall clock (needed on a GPU)")
     ap.add_argument("--pairs", type=int, default=200, help="interleaved plain/watched step pairs (0: none)")
+    ap.add_argument("--cnn-batch", type=int, default=16,
+                    help="the CNN's batch (16: the per-step norm pass's worst case; 128: CIFAR's usual recipe)")
+    ap.add_argument("--only", choices=("cnn", "lm"), help="one of the two loops")
     args = ap.parse_args()
     import torch
 
@@ -169,7 +177,9 @@ def main():
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads; {args.steps} steps per block, "
           f"every={args.every}, {args.rounds} rounds; clock: {CLOCK.__name__}")
-    for name, (model, opt, batch, loss_fn) in models(device).items():
+    for name, (model, opt, batch, loss_fn) in models(device, args.cnn_batch).items():
+        if args.only and not name.startswith(args.only):
+            continue
         plain_steps, watched_steps = [], []
 
         def plain():
