@@ -105,12 +105,8 @@ def execute(job, render_extra: Callable | None = None) -> None:
     finishing = Finishing(outcome.code)   # what ran is decided: a late Ctrl-C/SIGTERM cannot split the document
     code = show(outcome, job)
     finishing.printed(code)
-    # what is left (the model, its float64 and trained copies) is freed by the exit itself: the interpreter's last
-    # cyclic collection walked it for seconds after the output (xcit: 3-4 s, a perf review). A __del__ of an object
-    # in a cycle then does not run at exit, which Python does not promise either (its data model's __del__ note)
-    import gc
-
-    gc.freeze()
+    # (not gc.freeze() here, which spared the exit's last cyclic collection its seconds on a large model: a review
+    # showed a user's objects in a cycle then never finalized, a file they hold never flushed)
     raise typer.Exit(int(code))
 
 
