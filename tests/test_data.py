@@ -291,6 +291,23 @@ def test_imbalance_ratio_and_absent_class():
     assert "[7]" in one(run("data_labels.py:absent"), "classes-absent").message
 
 
+def test_an_even_draw_over_many_classes_is_no_imbalance():
+    """A sweep: 600 labels drawn uniformly over 100 classes (1 to 11 a class) were "11.0x imbalanced" with a hint to
+    re-weight the loss, in 79% of draws. Counts an even draw gives (chi-square against equal classes within 3
+    sigmas) are not imbalanced whatever their ratio; 100 against 5 samples of two classes still is."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 100, (600,), generator=g)
+    counts = torch.bincount(labels, minlength=100)
+    assert counts.max() / counts[counts > 0].min() >= 10   # what the ratio alone called imbalanced
+    r = run_data(torch.utils.data.TensorDataset(torch.randn(600, 4, generator=g), labels),
+                 Options(**QUICK, speed=False), context("cpu"))
+    assert "class-imbalance" not in codes(r), r.findings
+    skewed = torch.cat([torch.zeros(100, dtype=torch.long), torch.ones(5, dtype=torch.long)])
+    r = run_data(torch.utils.data.TensorDataset(torch.randn(105, 4, generator=g), skewed),
+                 Options(**QUICK, speed=False), context("cpu"))
+    assert "20.0×" in one(r, "class-imbalance").message
+
+
 @pytest.mark.parametrize("spec, severity", [("imbalanced_weighted", "info"), ("imbalanced_weighted_weakly", "warning"),
                                             ("balanced_weighted_wrongly", "warning")])
 def test_imbalance_under_a_weighted_sampler_is_judged_by_what_it_draws(spec, severity):
