@@ -151,6 +151,14 @@ def test_a_list_of_samples_is_a_dataset_and_a_list_of_batches_is_not():
     assert kind_of([(torch.randn(16, 8), torch.randint(0, 3, (16,)), 1.0)], "x") == "iterable"
     assert kind_of([{"x": torch.randn(16, 8), "y": torch.randint(0, 3, (16,)), "step": 0}], "x") == "iterable"
     assert kind_of([(torch.randn(8), F.one_hot(torch.tensor(1), 3).float())], "x") == "dataset"
+    # a sweep: Hugging Face-style {"input_ids": (L,), "labels": (L,)} items were batches of L scalars, a train and a
+    # val list of them "100% shared"; a dict of 1-D tensors is a sample, one with a 2-D field a batch
+    item = lambda g: {"input_ids": torch.randint(1, 100, (32,), generator=g), "labels": torch.randint(0, 2, (32,), generator=g)}  # noqa: E731
+    train = [item(torch.Generator().manual_seed(i)) for i in range(60)]
+    val = [item(torch.Generator().manual_seed(1000 + i)) for i in range(20)]
+    assert kind_of(train, "x") == "dataset" and kind_of([{"x": torch.randn(16, 8), "y": torch.zeros(16)}], "x") == "iterable"
+    r = run_data(train, Options(**QUICK, speed=False), context("cpu"), val=val)
+    assert r.data["splits"]["train"]["samples"] == 60 and "train-val-overlap" not in codes(r), r.findings
 
 
 @pytest.mark.parametrize("factory,said", [("a_number", "returned an int"), ("a_tensor", "torch.Tensor of shape (10, 3)")])

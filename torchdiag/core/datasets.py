@@ -72,7 +72,10 @@ def _holds_samples(seq) -> bool:
     leading batch size, and makes numbers tensors: a first item whose tensors differ in leading size (an input and
     its one-hot label) is a sample, and so is one holding a Python number or a 0-d tensor beside at most one tensor
     (`(x, 3)`). A number beside tensors sharing a leading size is a batch's own field (a loss weight, a step: a
-    review). Tensors alone, sharing one leading size, stay batches: the two readings are not told apart there."""
+    review). A dict whose tensors are all 1-D is a sample (a sweep: Hugging Face-style {"input_ids": (L,), "labels":
+    (L,)} items were read as batches of L scalars, every pair of splits "100% shared"): a batch of such dicts would hold
+    one number per sample in every field. Other tensors alone, sharing one leading size, stay batches: the two
+    readings are not told apart there."""
     if not seq:
         return False
     arrays, numbers = _array_types()   # numpy's arrays and scalars as torch's (a sweep: (ndarray, np.int64) pairs)
@@ -81,6 +84,8 @@ def _holds_samples(seq) -> bool:
     fields = list(fields)
     tensors = [f for f in fields if isinstance(f, arrays) and f.ndim >= 1]
     if len({t.shape[0] for t in tensors}) > 1:
+        return True
+    if isinstance(first, dict) and tensors and len(tensors) == len(fields) and all(t.ndim == 1 for t in tensors):
         return True
     scalar = any(isinstance(f, numbers) or (isinstance(f, arrays) and f.ndim == 0) for f in fields)
     return scalar and len(tensors) <= 1
