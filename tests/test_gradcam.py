@@ -867,3 +867,23 @@ def test_a_3d_output_that_is_no_patch_grid_is_refused(image, kind):
     torch.manual_seed(0)
     with pytest.raises(Exception, match="Grad-CAM needs N×C×H×W"):
         run("gradcam", Rows(), None, layer="layer", image=str(image), target_class=2)
+
+
+def test_a_conv1d_beside_a_patchify_stem_is_no_token_grid(image):
+    """A third review: with a ConvNeXt-like 4x4 stride-4 stem in the model, a Conv1d's N×64×64 output was read as an
+    8x8 grid of tokens (a map uncorrelated with the true one): a convolution's 64 output channels are channels."""
+    import torch
+    from torch import nn
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.layer = nn.Conv2d(3, 8, 4, stride=4), nn.Conv1d(8, 64, 3, padding=1)
+            self.head = nn.Linear(64, 5)
+
+        def forward(self, x):
+            return self.head(self.layer(self.stem(x).flatten(2)).mean(2))   # 32x32 -> 8x8 -> N×8×64 -> N×64×64
+
+    torch.manual_seed(0)
+    with pytest.raises(Exception, match="Grad-CAM needs N×C×H×W"):
+        run("gradcam", Mixed(), None, layer="layer", image=str(image), target_class=2)

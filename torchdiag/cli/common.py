@@ -187,15 +187,17 @@ NOTICE_EVERY = 120.0                     # seconds between the later ones
 
 
 def _notice_after() -> float:
-    """TORCHDIAG_STILL_RUNNING's seconds: 0 or less, off; not a finite number, the default 60 (a review: nan said
-    "still running after 0 s" at once, 1e20 overflowed the timer's thread); at most a day."""
+    """TORCHDIAG_STILL_RUNNING's seconds: 0 or less, or inf, off; not a number, the default 60 (a review: nan said
+    "still running after 0 s" at once, 1e20 overflowed the timer's thread); between 0.05 s and a day."""
     import math
 
     try:
         value = float(os.environ.get(NOTICE_ENV, "60"))
     except ValueError:
         return 60.0
-    return min(value, 86400.0) if math.isfinite(value) else 60.0
+    if math.isnan(value):
+        return 60.0
+    return 0.0 if value <= 0 or value == math.inf else min(max(value, 0.05), 86400.0)
 
 
 @contextlib.contextmanager

@@ -72,10 +72,9 @@ def _holds_samples(seq) -> bool:
     leading batch size, and makes numbers tensors: a first item whose tensors differ in leading size (an input and
     its one-hot label) is a sample, and so is one holding a Python number or a 0-d tensor beside at most one tensor
     (`(x, 3)`). A number beside tensors sharing a leading size is a batch's own field (a loss weight, a step: a
-    review). A dict whose tensors are all 1-D is a sample (a sweep: Hugging Face-style {"input_ids": (L,), "labels":
-    (L,)} items were read as batches of L scalars, every pair of splits "100% shared"): a batch of such dicts would hold
-    one number per sample in every field. Other tensors alone, sharing one leading size, stay batches: the two
-    readings are not told apart there."""
+    review). Tensors alone, sharing one leading size, stay batches: the two readings are not told apart there (a
+    review: reading a dict of 1-D tensors as a sample misread recommender batches {"user": (B,), "item": (B,)}); the
+    header says which reading was taken (_list_reading)."""
     if not seq:
         return False
     arrays, numbers = _array_types()   # numpy's arrays and scalars as torch's (a sweep: (ndarray, np.int64) pairs)
@@ -84,8 +83,6 @@ def _holds_samples(seq) -> bool:
     fields = list(fields)
     tensors = [f for f in fields if isinstance(f, arrays) and f.ndim >= 1]
     if len({t.shape[0] for t in tensors}) > 1:
-        return True
-    if isinstance(first, dict) and tensors and len(tensors) == len(fields) and all(t.ndim == 1 for t in tensors):
         return True
     scalar = any(isinstance(f, numbers) or (isinstance(f, arrays) and f.ndim == 0) for f in fields)
     return scalar and len(tensors) <= 1
@@ -137,7 +134,19 @@ def loaded(obj, spec: str, what: str, label: str = "") -> LoadedData:
     made = as_columns(obj)
     if made is not None:
         return LoadedData(made, spec, "dataset", f"{label}({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
-    return LoadedData(obj, spec, kind_of(obj, what), f"{label}{type(obj).__name__}")
+    kind = kind_of(obj, what)
+    return LoadedData(obj, spec, kind, f"{label}{type(obj).__name__}{_list_reading(obj, kind)}")
+
+
+def _list_reading(obj, kind: str) -> str:
+    """For the header: how a list was read, where the other reading was possible (a sweep: Hugging Face-style
+    {"input_ids": (L,), "labels": (L,)} items were read as batches of L scalars, unsaid)."""
+    if not isinstance(obj, (list, tuple)) or not obj:
+        return ""
+    if kind == "dataset":
+        return f" of {len(obj)} samples"
+    return (f" of {len(obj)} batches (each item's tensors share one leading size; a list of samples? return a Dataset, "
+            "or DataLoader(the list, batch_size=...))")
 
 
 def _array_types() -> tuple[tuple, tuple]:

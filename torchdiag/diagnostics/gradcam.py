@@ -197,7 +197,8 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
                          hint="a dense output (N, classes, H, W): explain one class over the pixels with a factory "
                               "that wraps the model to return model(x).mean((2, 3))" if logits.dim() == 4 else "")
     a = captured["a"]
-    grid = token_grid(tuple(a.shape), tuple(x.shape[-2:]), model) if a.dim() == 3 else None
+    grid = token_grid(tuple(a.shape), tuple(x.shape[-2:]), model, module, captured.get("producer")) \
+        if a.dim() == 3 else None
     if a.dim() != 4 and grid is None:
         raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W, "
                          "or a vision transformer's N×tokens×C with a patch grid of the image's aspect",
@@ -238,15 +239,21 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
 PREFIX_TOKENS = 8   # class, distillation and register tokens a vision transformer puts before its patches, at most
 
 
-def token_grid(shape: tuple, image: tuple, model) -> tuple[int, int, int] | None:
+def token_grid(shape: tuple, image: tuple, model, module=None, producer=None) -> tuple[int, int, int] | None:
     """(k, h, w) when an N×L×C output reads as k ≤ PREFIX_TOKENS leading tokens and an h×w patch grid of the image's
     aspect (L = k + h·w) that the model's own patch embedding makes: a Conv2d whose kernel and stride are both the
     patch (H/h, W/w), as torchvision's and timm's ViTs cut the image; the CLS token first. Not without such a patch
     embedding (a review: a Conv1d's N×64×L read as an 8x8 grid, a transformer over an image's columns as 2 + 8x8
-    tokens). The smallest k wins; None when no grid fits."""
+    tokens), nor where the layer (without parameters, the module that made its input) has a convolution's weight of
+    as many output channels as the second size: N×C×L (a third review: a Conv1d beside a 4x4 stride-4 stem). The
+    smallest k wins; None when no grid fits."""
     from torch import nn
 
     tokens, (height, width) = shape[1], image
+    own = list(module.parameters()) if module is not None else []
+    weights = own or (list(producer.parameters()) if producer is not None else [])
+    if any(w.dim() >= 3 and w.shape[0] == tokens for w in weights):
+        return None
     patches = {(tuple(m.kernel_size), tuple(m.stride)) for m in model.modules() if isinstance(m, nn.Conv2d)}
     for k in range(0, min(PREFIX_TOKENS, tokens - 1) + 1):
         n = tokens - k

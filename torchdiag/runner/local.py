@@ -3,6 +3,8 @@ written; every exception an Outcome (runner/outcome.py). Under torchrun a per-ra
 runner/ranks.py, any other runs on rank 0 alone. Torch-free at import."""
 from __future__ import annotations
 
+import contextlib
+
 from .isolation import isolated
 from .job import Job
 from .outcome import Outcome, failed, produced
@@ -56,8 +58,10 @@ def execute(job: Job) -> Outcome:
             refuse_wrap(spec)
         with isolated(job.json, keep_stdin=job.command.target == "script"):  # the user's code runs in here
             if job.produce is not None:
+                # (no notice around a script: watch's run is the user's own, its log theirs, a review)
                 with job.progress(f"torchdiag {job.command.name}: {spec.model}"), \
-                        job.working(f"torchdiag {job.command.name}"):
+                        job.working(f"torchdiag {job.command.name}") if job.command.target != "script" \
+                        else contextlib.nullcontext():
                     result = job.produce()
             else:
                 diagnostic = job.diagnostic()

@@ -506,20 +506,37 @@ def _reach(r, st, f, where) -> None:
 
 
 UNEVEN_Z = 3.0   # a count table is uneven when its chi-square against equal classes is this many sigmas out
+UNEVEN_P = 0.00135   # ... or its smallest or largest count this unlikely (3 sigmas' one-sided tail), all classes counted
 
 
 def even_draw(counts: dict) -> bool:
     """Could the counts be an even draw over their classes? Pearson's chi-square against equal classes, through
     Wilson-Hilferty's normal approximation, under UNEVEN_Z sigmas (a sweep: 600 labels drawn uniformly over 100
     classes, 1 to 11 a class, were "11.0x imbalanced" in 79% of draws; their chi-square, 78 on 99 degrees of freedom,
-    is an even draw's)."""
+    is an even draw's), and the smallest and largest counts no rarer than UNEVEN_P for the most extreme of that many
+    classes (a review: one class of 1 among 99 of 30-62 left the chi-square an even draw's)."""
     n, k = sum(counts.values()), len(counts) - 1
     if k < 1 or n == 0:
         return True
     e = n / len(counts)
     chi2 = sum((c - e) ** 2 for c in counts.values()) / e
     z = ((chi2 / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return z < UNEVEN_Z
+    p = 1 / len(counts)
+    low, high = min(counts.values()), max(counts.values())
+    tails = (_binomial_tail(n, p, range(0, low + 1)), _binomial_tail(n, p, range(high, n + 1)))
+    return z < UNEVEN_Z and min(tails) * len(counts) >= UNEVEN_P
+
+
+def _binomial_tail(n: int, p: float, ks) -> float:
+    """P(Binomial(n, p) in ks), from log terms (n up to the samples read)."""
+    log_p, log_q = math.log(p), math.log1p(-p)
+    total = 0.0
+    for k in ks:
+        term = math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+        total += term
+        if k > n * p and term < 1e-18 * max(total, 1e-300):   # the upper tail's terms only shrink from here
+            break
+    return total
 
 
 def _drawn(r, where, counts: dict, drawn: dict) -> None:
@@ -532,6 +549,8 @@ def _drawn(r, where, counts: dict, drawn: dict) -> None:
     said = (f"the data set's largest class has {raw:.1f}× the samples of the smallest; the loader's "
             f"WeightedRandomSampler draws the most likely class {ratio:.1f}× as often as the rarest (class {low_c}: "
             f"{drawn.get(low_c, 0.0) / total:.1%} of draws)")
+    if even_draw(counts) and abs(ratio - raw) <= 1e-9 * raw:   # equal weights over an even draw (a review)
+        return
     if ratio < IMBALANCE and raw >= IMBALANCE:
         r.add("class-imbalance", "info", where, said, "")
     elif ratio < IMBALANCE:

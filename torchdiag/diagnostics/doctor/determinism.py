@@ -166,7 +166,10 @@ def _where_they_part(work, inputs) -> tuple[str, str] | None:
     model, a perf review: paid only once two plain forwards differed), pair by pair until a pair differs; None when
     none of RECORDED_PAIRS does (a second review: a model off on every 4th call was said to have settled)."""
     for _ in range(RECORDED_PAIRS):
-        outs, runs = _forwards(work, inputs, record=True)
+        try:
+            outs, runs = _forwards(work, inputs, record=True)
+        except Exception:   # noqa: BLE001 - the finding stands unlocated (a review: a model raising on its 5th call
+            return None      # lost the determinism error it had shown; its raise is said where doctor meets it again)
         if not _close(max_diff(outs[0], outs[1]), outs[0]):
             return _culprit(*_read(runs))
     return None
