@@ -523,19 +523,25 @@ def even_draw(counts: dict) -> bool:
     z = ((chi2 / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
     p = 1 / len(counts)
     low, high = min(counts.values()), max(counts.values())
-    tails = (_binomial_tail(n, p, range(0, low + 1)), _binomial_tail(n, p, range(high, n + 1)))
+    tails = (_binomial_tail(n, p, low, -1), _binomial_tail(n, p, high, +1))
     return z < UNEVEN_Z and min(tails) * len(counts) >= UNEVEN_P
 
 
-def _binomial_tail(n: int, p: float, ks) -> float:
-    """P(Binomial(n, p) in ks), from log terms (n up to the samples read)."""
-    log_p, log_q = math.log(p), math.log1p(-p)
+def _binomial_tail(n: int, p: float, k: int, step: int) -> float:
+    """P(Binomial(n, p) ≤ k) (step -1) or ≥ k (step +1), summed from k away from the mean, where the terms only
+    shrink: a few standard deviations' worth of terms, not n (token labels count millions). A k within 2 standard
+    deviations of the mean is 1.0: no such tail is rare enough to count."""
+    mean, sd = n * p, math.sqrt(n * p * (1 - p))
+    if (k - mean) * step < 2 * sd:
+        return 1.0
+    log_p, log_q, whole = math.log(p), math.log1p(-p), math.lgamma(n + 1)
     total = 0.0
-    for k in ks:
-        term = math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+    while 0 <= k <= n:
+        term = math.exp(whole - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
         total += term
-        if k > n * p and term < 1e-18 * max(total, 1e-300):   # the upper tail's terms only shrink from here
+        if term < 1e-18 * max(total, 1e-300):
             break
+        k += step
     return total
 
 
