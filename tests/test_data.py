@@ -1814,3 +1814,26 @@ def test_an_unknown_torchvision_data_set_is_named_a_data_set():
     err = unknown_name("torchvision", "MNST", ["MNIST", "CIFAR10"], "data set")
     assert err.message == "torchvision has no data set named 'MNST'" and "MNIST" in err.hint, (err.message, err.hint)
     assert "datasets" in unknown_name("torchvision", "Zzz", ["MNIST"], "data set").hint
+
+
+def test_an_even_draws_tails_are_exact_and_cheap_on_token_counts():
+    """even_draw's binomial tails against exact sums (fractions), and on two classes of five million labels each (a
+    token field's counts), where a tail summed from 0 took millions of terms."""
+    from fractions import Fraction
+    from math import comb
+
+    from torchdiag.diagnostics.data.findings import UNEVEN_P, even_draw
+
+    def tail(n, k, classes):   # P(Binomial(n, 1/classes) <= k), exactly
+        p = Fraction(1, classes)
+        return float(sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1)))
+
+    # 100 classes of 60 and one of k: its lower tail times 101 classes against UNEVEN_P decides (the chi-square stays
+    # an even draw's for these k); both verdicts occur
+    said = []
+    for k in (20, 25, 28, 32, 40):
+        counts = {**{c: 60 for c in range(100)}, 100: k}
+        said.append(even_draw(counts))
+        assert said[-1] == (tail(6000 + k, k, 101) * 101 >= UNEVEN_P), k
+    assert said[0] is False and said[-1] is True, said
+    assert even_draw({0: 5_000_000, 1: 5_000_100}) and not even_draw({0: 5_000_000, 1: 4_000_000})
