@@ -318,10 +318,12 @@ def test_an_even_draw_over_many_classes_is_no_imbalance():
     r = run_data(torch.utils.data.TensorDataset(torch.randn(len(rare), 4, generator=g), rare),
                  Options(**QUICK, speed=False), context("cpu"))
     assert one(r, "class-imbalance").severity == "warning"
-    # and an even draw under a WeightedRandomSampler of equal weights is none either
-    sampled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(600, 4, generator=g), labels),
-                                          batch_size=32, sampler=torch.utils.data.WeightedRandomSampler(torch.ones(600), 600))
-    assert "class-imbalance" not in codes(run_data(sampled, Options(**QUICK, speed=False), context("cpu")))
+    # and an even draw under a WeightedRandomSampler whose weights do not depend on the class is none either (equal
+    # weights, then weights in [0.5, 1.5]: a fourth review)
+    for weights in (torch.ones(600), 0.5 + torch.rand(600, generator=g)):
+        sampled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(600, 4, generator=g), labels),
+                                              batch_size=32, sampler=torch.utils.data.WeightedRandomSampler(weights, 600))
+        assert "class-imbalance" not in codes(run_data(sampled, Options(**QUICK, speed=False), context("cpu")))
 
 
 @pytest.mark.parametrize("spec, severity", [("imbalanced_weighted", "info"), ("imbalanced_weighted_weakly", "warning"),

@@ -1833,6 +1833,37 @@ def test_determinism_fingerprints_calls_only_when_two_eval_forwards_differ(monke
     assert h["where"] == "1", h
 
 
+class _RaisesFrom(nn.Module):
+    """Adds noise in eval (nondeterministic), and raises from its `start`-th call on (or on that call alone)."""
+
+    def __init__(self, start: int, once: bool):
+        super().__init__()
+        self.fc, self.calls, self.start, self.once = nn.Linear(8, 3), 0, start, once
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.start or (self.calls > self.start and not self.once):
+            raise RuntimeError(f"boom on call {self.calls}")
+        return self.fc(x) + torch.randn(1)
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_a_model_raising_in_the_extra_forwards_keeps_its_determinism_finding(once):
+    """A third and fourth review: a model raising from its 5th call on (a full cache) lost the nondeterministic-eval
+    it had shown (exit 3, the row "skipped"), and one raising on its 5th call alone was said to have agreed pair by
+    pair. Doctor's forwards: eval (1), determinism (2, 3): they differ; the 4th and 5th are the first recorded pair."""
+    from torchdiag.errors import ModelError
+
+    if once:
+        d = run_diag(_RaisesFrom(5, once), torch.randn(4, 8)).to_dict()
+    else:   # its next forward fails doctor (exit 3), the checks before it kept as the partial result
+        with pytest.raises(ModelError, match="boom on call 7") as exc:
+            run_diag(_RaisesFrom(5, once), torch.randn(4, 8))
+        d = exc.value.partial.to_dict()
+    (f,) = found(d, "nondeterministic-eval")
+    assert "a further eval forward raised" in f["message"] and "boom on call 5" in f["message"], f
+
+
 class _EveryThird(nn.Module):
     def __init__(self):
         super().__init__()

@@ -887,3 +887,29 @@ def test_a_conv1d_beside_a_patchify_stem_is_no_token_grid(image):
     torch.manual_seed(0)
     with pytest.raises(Exception, match="Grad-CAM needs N×C×H×W"):
         run("gradcam", Mixed(), None, layer="layer", image=str(image), target_class=2)
+
+
+def test_a_parameter_free_token_layer_after_a_patch_conv_of_as_many_channels_is_tokens(image):
+    """A fourth review: 64 tokens of width 64 right after the patch Conv2d (a layer without parameters, its input
+    made by the conv) were refused as a convolution's channels; N×64×64 after a Conv2d reads as a ViT's tokens, and
+    explains the class as the conv does. A Conv1d's channels stay refused (the third review's case)."""
+    import torch
+    from torch import nn
+
+    class Flat(nn.Module):
+        def forward(self, x):
+            return x.flatten(2).transpose(1, 2)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.tokens, self.head = nn.Conv2d(3, 64, 4, stride=4), Flat(), nn.Linear(64, 5)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.tokens(self.conv(x))).mean(1))
+
+    torch.manual_seed(0)
+    model = Net()
+    conv = run("gradcam", model, None, layer="conv", image=str(image), target_class=2)
+    tokens = run("gradcam", model, None, layer="tokens", image=str(image), target_class=2)
+    assert tokens.data["cam_shape"] == conv.data["cam_shape"] == [8, 8] and tokens.data["cam_peak"] == conv.data["cam_peak"]

@@ -145,8 +145,8 @@ def _list_reading(obj, kind: str) -> str:
         return ""
     if kind == "dataset":
         return f" of {len(obj)} samples"
-    return (f" of {len(obj)} batches (each item's tensors share one leading size; a list of samples? return a Dataset, "
-            "or DataLoader(the list, batch_size=...))")
+    return (f" of {len(obj)} batch{'es' if len(obj) != 1 else ''} (each item's tensors share one leading size; a list "
+            "of samples? return a Dataset, or DataLoader(the list, batch_size=...))")
 
 
 def _array_types() -> tuple[tuple, tuple]:

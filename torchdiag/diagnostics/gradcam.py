@@ -252,7 +252,9 @@ def token_grid(shape: tuple, image: tuple, model, module=None, producer=None) ->
     tokens, (height, width) = shape[1], image
     own = list(module.parameters()) if module is not None else []
     weights = own or (list(producer.parameters()) if producer is not None else [])
-    if any(w.dim() >= 3 and w.shape[0] == tokens for w in weights):
+    # a Conv1d's (3-D weight) output channels are channels; a Conv2d's (4-D) are too where the width differs from them,
+    # and where it equals them (N×64×64) the ViT reading stands (a fourth review: a ViT of 64 tokens, width 64)
+    if any(w.shape[0] == tokens and (w.dim() == 3 or (w.dim() > 3 and shape[2] != tokens)) for w in weights):
         return None
     patches = {(tuple(m.kernel_size), tuple(m.stride)) for m in model.modules() if isinstance(m, nn.Conv2d)}
     for k in range(0, min(PREFIX_TOKENS, tokens - 1) + 1):

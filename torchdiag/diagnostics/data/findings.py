@@ -555,13 +555,13 @@ def _drawn(r, where, counts: dict, drawn: dict) -> None:
     said = (f"the data set's largest class has {raw:.1f}× the samples of the smallest; the loader's "
             f"WeightedRandomSampler draws the most likely class {ratio:.1f}× as often as the rarest (class {low_c}: "
             f"{drawn.get(low_c, 0.0) / total:.1%} of draws)")
-    if even_draw(counts) and abs(ratio - raw) <= 1e-9 * raw:   # equal weights over an even draw (a review)
-        return
-    if ratio < IMBALANCE and raw >= IMBALANCE:
+    # what it draws, as counts over the data's size: weights that do not depend on the class over an even draw are
+    # one too (a review: equal weights, then weights in [0.5, 1.5], kept the even draw's false warning)
+    n = sum(counts.values())
+    drawn_counts = {c: drawn.get(c, 0.0) / total * n for c in counts}
+    if ratio < IMBALANCE and raw >= IMBALANCE and not even_draw(counts):
         r.add("class-imbalance", "info", where, said, "")
-    elif ratio < IMBALANCE:
-        return
-    else:
+    elif ratio >= IMBALANCE and not even_draw(drawn_counts):
         r.add("class-imbalance", "warning", where, said, "weight each sample by 1 / (its class's count)")
 
 

@@ -139,16 +139,20 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
     if _close(diff, outs[0]):
         ck.row("determinism", "ok", f"two eval forwards agree to {diff:.1e} (floating-point reduction order)")
         return
-    parted = _where_they_part(work, inputs)
+    parted, raised = _where_they_part(work, inputs)
     culprit, kind = parted or ("", "")
     what = "different outputs" + (f" (max abs difference {diff:.4g})" if diff not in (None, float("inf")) else "")
     kind = f" ({kind})" if kind else ""   # a review: "(root) (?)"
     message = (f"in eval mode the same input gives {what}; " + (
         f"{name(culprit)}{kind} is where they part: the first module whose output changes while its input does "
         "not, or whose own forward hands its calls different inputs" if parted is not None else
+        f"a further eval forward raised ({raised}), so where they part was not located" if raised else
         f"the {2 * RECORDED_PAIRS} forwards after them agreed pair by pair, so where they part was not caught: the "
         "output changes now and then, or settled after the model's first calls (a cache, a count its forward keeps)"))
-    drawn = _random_ops(work, inputs)
+    try:
+        drawn = _random_ops(work, inputs)
+    except Exception:   # noqa: BLE001 - the finding stands without its kind of randomness (a review: a model raising
+        drawn = set()    # from its 5th call on lost it here)
     sampling = bool(drawn) and drawn <= SAMPLING_OPS
     if sampling:   # a sampling model (a VAE) is not failed for it; a mask left on, or a state that moves, is
         message += (f"; the forward draws samples in eval ({', '.join(sorted(drawn))}): by design in a VAE's "
@@ -161,18 +165,22 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
 RECORDED_PAIRS = 3   # fingerprinted pairs of forwards at most, to catch where two outputs part
 
 
-def _where_they_part(work, inputs) -> tuple[str, str] | None:
-    """(module, type) where two eval forwards part, from every call fingerprinted (20x a plain forward on a big
-    model, a perf review: paid only once two plain forwards differed), pair by pair until a pair differs; None when
-    none of RECORDED_PAIRS does (a second review: a model off on every 4th call was said to have settled)."""
+def _where_they_part(work, inputs) -> tuple[tuple[str, str] | None, str]:
+    """((module, type) where two eval forwards part, or None, what a further forward raised, or ""), from every call
+    fingerprinted (20x a plain forward on a big model, a perf review: paid only once two plain forwards differed),
+    pair by pair until a pair differs (a second review: a model off on every 4th call was said to have settled). A
+    forward that raises ends the search and is said: the finding stands unlocated (a third review: a model raising
+    on its 5th call lost the determinism error it had shown)."""
+    from ...errors import one_line
+
     for _ in range(RECORDED_PAIRS):
         try:
             outs, runs = _forwards(work, inputs, record=True)
-        except Exception:   # noqa: BLE001 - the finding stands unlocated (a review: a model raising on its 5th call
-            return None      # lost the determinism error it had shown; its raise is said where doctor meets it again)
+        except Exception as exc:   # noqa: BLE001
+            return None, one_line(exc)
         if not _close(max_diff(outs[0], outs[1]), outs[0]):
-            return _culprit(*_read(runs))
-    return None
+            return _culprit(*_read(runs)), ""
+    return None, ""
 
 
 def _forwards(work, inputs, record: bool) -> tuple[list, list]:
