@@ -1826,6 +1826,7 @@ def test_determinism_fingerprints_calls_only_when_two_eval_forwards_differ(monke
     assert f["where"] == "1" and len(made) == 2, (f, made)
     (g,) = found(run_diag(_Settles(), torch.randn(4, 8)).to_dict(), "nondeterministic-eval")
     assert "the 6 forwards after them agreed pair by pair" in g["message"] and g["where"] == "(root)", g
+    assert g["hint"].startswith("no random op ran: a state the forward keeps"), g   # not the randomness hint
     # a second review: off on every 4th call never settles; one off on every 3rd (calls 3, 6: the plain pair, then
     # the second recorded one) is named from the pair that differs
     (h,) = found(run_diag(nn.Sequential(nn.Linear(8, 8), _EveryThird(), nn.Linear(8, 3)), torch.randn(4, 8)).to_dict(),

@@ -12,6 +12,8 @@ from .shared import dense, max_diff, name, scale, tensors
 
 RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout(x, p, training=self.training)), "
                     "no torch.rand/randn in forward outside training")
+STATE_HINT = ("no random op ran: a state the forward keeps changed the output (a cache, a counter, a buffer it "
+              "writes); keep eval forwards from writing it, or reset it before evaluating")
 SAMPLING_HINT = ("if the model samples by design, validate with a fixed seed or with the mean in eval; if the noise is "
                  "meant for training only, gate it with self.training")
 # the random ops are read by core/random_ops.py: a distribution's samples may be the model's design, uniform numbers and
@@ -157,8 +159,10 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
     if sampling:   # a sampling model (a VAE) is not failed for it; a mask left on, or a state that moves, is
         message += (f"; the forward draws samples in eval ({', '.join(sorted(drawn))}): by design in a VAE's "
                      "reparameterisation or a masked autoencoder, a bug where the noise is meant for training")
-    ck.find("determinism", "nondeterministic-eval", "warning" if sampling else "error", name(culprit), message,
-            SAMPLING_HINT if sampling else RANDOM_EVAL_HINT,
+    # no random op in a look at its forward, and no module named: a state its forward keeps, not randomness (a review:
+    # the randomness hint beside a cache that had changed the output)
+    hint = SAMPLING_HINT if sampling else STATE_HINT if not drawn and parted is None and not raised else RANDOM_EVAL_HINT
+    ck.find("determinism", "nondeterministic-eval", "warning" if sampling else "error", name(culprit), message, hint,
             verdict=f"eval output changes between two runs: {name(culprit)}")
 
 
