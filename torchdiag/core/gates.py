@@ -86,6 +86,7 @@ class Verdict:
     invariant: bool = False     # zero-grad (or not updated) back only at rounding level, the loss independent of it
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
     steps: int = 0              # the optimizer steps of the run that measured `after`
+    at: int = 0                 # measured after this earlier step of the run instead (exploding-grad: earlier_step)
     longer: Verdict | None = None   # the longer run's verdict, where it ran (_climbing)
     opens: bool = False             # the longer run resolved it and its growth compounds: the path opens
 
@@ -148,7 +149,8 @@ class Verdict:
             level = (" (at the initial loss level)" if k == "vanishing-grad" else
                      f", a {self.before / self.after:.3g}× fall while the loss went {self.losses[0]:.3g} → "
                      f"{self.losses[1]:.3g}{self.output_said()}" if k == "exploding-grad" and self.after > 0 else "")
-            fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps{level}"
+            when = f"after step {self.at} of {steps}" if self.at else f"after {steps} steps"
+            fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} {when}{level}"
         if not self.gates:
             return fact + ("; it resolves by itself (no single gate isolated)" if self.resolved else "")
         gate = self.gates[0] if len(self.gates) == 1 else f"one of {', '.join(self.gates[:4])}" + (
@@ -245,21 +247,26 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
     m0 = _measure(work, inputs, flags, ctx, loss_fn, start)
     optimizer = ctx.optimizer([p for p in params.values() if p.requires_grad])
     eps = half_eps(optimizer)
-    mk, moved, run = m0, {}, []
+    mk, moved, run, trail = m0, {}, [], []
+    big = [i for i, f in enumerate(flags) if f.kind == "exploding-grad"]
     for k in range(steps):
         last = k == steps - 1
         before = {f.name: params[f.name].detach().clone() for f in flags if last and f.kind == "param-not-updated"}
         train.step(optimizer)
         mk = _measure(work, inputs, flags, ctx, loss_fn, start)
         run.append(mk[-1])     # the loss after each step: did the run diverge?
+        if big and not last:   # an exploding gradient at each earlier step, and the outputs': earlier_step
+            trail += [mk[i] for i in big] + [mk[-2]]
         # after the next forward: a forward that writes the parameter back has undone the step
         moved = {n: params[n].detach().ne(b).any() for n, b in before.items()}
     cands = _candidates(params, v0)
     stepped = [f for f in flags if f.kind in ("vanishing-grad", "exploding-grad")]
     updates = _updates(params, v0, stepped, {f.name for f in flags})
-    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + run + updates + list(start.values()))
+    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + run + updates + trail
+                     + list(start.values()))
     zero_start = {n for n, w in zip(start, read[len(read) - len(start):]) if w == 0}
     read = read[:len(read) - len(start)]
+    trail, read = read[len(read) - len(trail):], read[:len(read) - len(trail)]
     upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
     losses, read = read[len(read) - len(run):], read[:len(read) - len(run)]
     k = len(flags) + TAIL         # each measure pass ends with the whole gradient's norm, the outputs', the loss
@@ -285,6 +292,8 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
             resolved = resolved and math.isfinite(fell) and fell > 1
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk), steps=steps,
                                    zero_start=f.name in zero_start, output_fall=out_fall if f.tiny else math.nan)
+    for j, i in enumerate(big):
+        earlier_step(verdicts[flags[i].name], trail[j::len(big) + 1], trail[len(big)::len(big) + 1], o0, l0, losses)
     if upd:
         for i, f in enumerate(stepped):
             v = verdicts[f.name]
@@ -300,6 +309,23 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
         nonzero = {n for n in grown if bool(v0[n].ne(0).any())}
         used += _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, passes)
     return Recheck(verdicts, steps, used, grown, eps=eps, invariance=how)
+
+
+def earlier_step(v: Verdict, grads: list[float], outs: list[float], o0: float, l0: float, losses: list[float]) -> None:
+    """An exploding gradient the last step left large may have come back at an earlier step: Adam on one batch
+    overshoots and returns, so the last step is one draw of an oscillation (torchvision SSD300's head: grad norm 1609
+    -> 65453 -> 6.79 -> 92.4 while the loss went 96.6 -> 4858 -> 25.2 -> 22.6; one thread more or fewer moved the
+    last value across the yardstick). A step counts where its gradient is back within the threshold and fell GROW x
+    further than the loss's best so far (a gate's: than the gradient reaching the outputs) in a run that stayed
+    finite: the step's values then stand for `after`, `at` says which step."""
+    if v.resolved or not math.isfinite(loss_fell(l0, losses)):
+        return
+    for k, (b, o) in enumerate(zip(grads, outs)):
+        fall = o0 / o if v.flag.tiny and o0 > 0 and o > 0 and abs(o0 / o - 1.0) > 1e-6 else math.nan
+        if _resolved(v.flag, b, 0.0) and transient(v.before, b, loss_fell(l0, losses[:k + 1]), fall):
+            v.after, v.at, v.resolved, v.grew, v.losses = b, k + 1, True, True, (l0, losses[k])
+            v.output_fall = fall
+            return
 
 
 HALF_EPS = 1e-4   # Adam's eps for a float16 copy: the usual advice for pure float16 training
