@@ -78,6 +78,20 @@ def test_initial_loss_and_first_grad_norm_match_independent_computation():
     assert r.data["passed"] is False and "not-overfit-yet" in codes(r)
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_budget_of_one_or_two_steps_whose_loss_fell_is_not_overfit_yet(steps):
+    """A sweep: `--steps 1` on a healthy digits-sized MLP (loss 2.31 -> 2.29, ten classes over 64 samples) was
+    cannot-overfit (exit 1) with identical-outputs, "collapsed in training": a fresh head's near-uniform answers
+    read as a collapse to the label entropy. One step whose loss fell is as short as the docs' under-20 rule says."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(64, 64, generator=g), torch.arange(64) % 10
+    r = overfit(model, x, steps=steps, target=y)
+    assert r.data["passed"] is False and r.exit_code == 0, [f.to_dict() for f in r.findings]
+    assert codes(r) == ["not-overfit-yet"] and r.verdict.startswith("NOT YET"), r.verdict
+
+
 def test_a_float64_model_overfits_and_its_norm_is_its_own():
     """A sweep: a float64 model raised (exit 4): its gradient norm was asked in float32, a narrowing torch refuses."""
     torch.manual_seed(0)

@@ -187,13 +187,18 @@ def test_near_same_needs_the_loss_at_the_label_entropy_and_the_labels_probabilit
     class Loss:
         chosen, target = "cross_entropy", torch.tensor([0, 1])
 
+    def run(last, steps=25):   # the losses of a run that ends at `last`
+        return [5.0] * steps + [last]
+
     alike = torch.tensor([[1.0, 1.0, -4.0], [1.0, 1.0001, -3.0]])   # the third class is no label: it may differ
     p = torch.softmax(alike, 1)[:, :2]
-    assert _near_same(alike, Loss, math.log(2)) == pytest.approx(float((p - p[:1]).abs().max()), rel=1e-3)
-    assert _near_same(alike, Loss, math.log(2)) < 0.01
-    assert _near_same(alike, Loss, 0.5) is None                                      # below the entropy: learning
+    assert _near_same(alike, Loss, run(math.log(2))) == pytest.approx(float((p - p[:1]).abs().max()), rel=1e-3)
+    assert _near_same(alike, Loss, run(math.log(2))) < 0.01
+    assert _near_same(alike, Loss, run(0.5)) is None                                 # below the entropy: learning
     told = torch.tensor([[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
-    assert _near_same(told, Loss, math.log(2)) is None                               # told apart
+    assert _near_same(told, Loss, run(math.log(2))) is None                          # told apart
+    # a sweep: `--steps 1` on a fresh digits MLP (2.31 -> 2.29 beside an entropy of 2.28) is no level reached
+    assert _near_same(alike, Loss, run(math.log(2), steps=1)) is None
 
 
 def test_numpy_and_python_draws_are_seen_and_set_back():

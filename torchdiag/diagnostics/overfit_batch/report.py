@@ -794,7 +794,7 @@ def _too_short(result, curve, opts, ctx) -> bool:
     warning), not cannot-overfit (a sweep: check's `overfit-batch = {steps = 10}` failed a healthy MLP at 0.05x its
     start, every answer right, that memorises the batch at step 12)."""
     d, losses = result.data, curve.losses
-    if len(losses) < 3 or not all(math.isfinite(v) for v in losses) or not losses[-1] < min(losses[:-1]):
+    if len(losses) < 2 or not all(math.isfinite(v) for v in losses) or not losses[-1] < min(losses[:-1]):
         return False
     result.add("not-overfit-yet", "warning", "", f"the loss was still falling when the budget of {curve.step} step(s) "
                f"ended: {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])}; fewer than {MIN_STEPS} steps carry no "
