@@ -1673,6 +1673,20 @@ def test_a_softmax_before_cross_entropy_loss_is_found_from_its_input(fixed):
     assert r.exit_code == 0
 
 
+@pytest.mark.parametrize("variant", ["logits", "fixed", "log"])
+def test_raw_logits_into_nll_loss_are_found_from_its_input(variant):
+    """A sweep: nn.NLLLoss on raw logits fell to -381 at chance accuracy and watch passed it. Log-probabilities'
+    exps sum to at most 1 over the classes (a hair above with a floor added before the log); logits' do not."""
+    r = script("watch_logits_nll", *([f"--{variant}"] if variant != "logits" else []))
+    if variant != "logits":
+        assert codes(r) == set(), [f.to_dict() for f in r.findings]
+        return
+    f = finding(r, "logits-into-nll")
+    assert f.severity == "warning" and "NLLLoss got values that are not log-probabilities at step 1" in f.message
+    assert "log_softmax" in f.hint and r.exit_code == 0
+    assert codes(r) == {"logits-into-nll"}, [f.to_dict() for f in r.findings]
+
+
 @pytest.mark.parametrize("target_shape, found", [((16,), True), ((16, 1), False), ((), False)])
 def test_an_elementwise_loss_that_broadcasts_both_sides_is_said(target_shape, found):
     """A sweep: MSELoss on a (N, 1) output and a (N,) target (every prediction against every target) passed. A

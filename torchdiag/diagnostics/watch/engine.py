@@ -508,6 +508,12 @@ class Engine:
                                            math.nan if getattr(module, "weight", None) is not None   # weighted
                                            else float(getattr(module, "label_smoothing", 0.0))),
                                  flag.float().reshape(1)))
+            if isinstance(module, torch.nn.NLLLoss):   # log-probabilities' exps sum to at most 1 over the classes
+                # (a subset of them to less): a row summing above is logits (a sweep: NLLLoss on raw logits fell
+                # to -381 at chance accuracy, and watch passed it)
+                lse = torch.logsumexp(p, 1)
+                self.pending.append(("nllsum", (self.step + 1, type(module).__name__, int(x.shape[1]), 10 * tol),
+                                     lse.masked_fill(~lse.isfinite(), -math.inf).amax().reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:
         """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint

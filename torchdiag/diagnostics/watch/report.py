@@ -1038,6 +1038,7 @@ def _probabilities(result: Result, engine) -> None:
     _dropout_into_loss(result, engine)
     got = engine.checks.get("probs_into_loss")
     if not got:
+        _logits_into_nll(result, engine)
         return
     step, loss, classes, logits, *smoothing = got   # the module's label smoothing; unknown from a function's graph
     if logits:
@@ -1056,6 +1057,19 @@ def _probabilities(result: Result, engine) -> None:
         result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
                    "classes (probabilities, or logits): it takes log-probabilities, which are ≤ 0",
                    "apply log_softmax, not softmax, before NLLLoss (or give the logits to CrossEntropyLoss)")
+
+
+def _logits_into_nll(result: Result, engine) -> None:
+    got = engine.checks.get("logits_into_nll")
+    if got:
+        step, loss, classes, lse = got
+        result.add("logits-into-nll", "warning", "", f"{loss} got values that are not log-probabilities at step {step}: "
+                   f"their exps summed to {math.exp(min(lse, 700.0)):.3g} over a sample's {classes} classes, where "
+                   "log-probabilities' sum to at most 1 (raw logits?). NLLLoss only negates the target's value, so on "
+                   "logits it raises that one without bound (the loss falls below 0 and on) and the other classes' "
+                   "values get no gradient",
+                   "apply log_softmax over the classes before NLLLoss, or give the logits to CrossEntropyLoss, "
+                   "which does both")
 
 
 def _wrong_dim(result: Result, engine) -> None:
