@@ -495,8 +495,12 @@ def test_hf_config_nested_without_end(tmp_path, cli, text):
 
 
 def test_hf_task_without_a_head_for_the_model_is_a_usage_error(tmp_path, cli):
-    line = failing(cli, 2, "summary", _hf(tmp_path, GPT2), "--arg", "task=image-classification")
+    folder = _hf(tmp_path, GPT2)
+    line = failing(cli, 2, "summary", folder, "--arg", "task=image-classification")
     assert "image-classification" in line and "gpt2" in line
+    # the hint lists the heads it has (a sweep: "e.g. base" was said of a ViT, which has image-classification)
+    hint = cli("summary", folder, "--arg", "task=image-classification").stderr
+    assert "has a head for: base, causal-lm, " in hint and "sequence-classification" in hint, hint
 
 
 @pytest.mark.parametrize("arch", ["Trainer", "TrainingArguments", "AutoConfig"])

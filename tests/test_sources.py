@@ -335,6 +335,17 @@ def test_zoo_timm_model_and_nearest_name(cli):
     assert r.code == 2 and "did you mean" in r.stderr and "resnet18" in r.stderr
 
 
+def test_zoo_timm_default_input_follows_the_size_and_channels_the_model_is_built_for(cli):
+    """A sweep: timm keeps its pretrained_cfg's 3x224x224 under img_size/in_chans, and healthy models exited 3 on
+    it (a ViT at 384: "Input height (224) doesn't match model (384)"; a RegNet at in_chans=1)."""
+    importable("timm")
+    r = cli("summary", "timm:vit_tiny_patch16_224", "--arg", "img_size=96", "--arg", "in_chans=1", "--depth", "0",
+            "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x1x96x96 float32"], r.json["inputs"]
+    assert "in_chans=1 and img_size=96 from --arg" in r.json["input_source"]
+
+
 def test_training_commands_get_a_default_batch_of_two(tmp_path, cli):
     # issue 26: BatchNorm after global pooling refuses one sample in train mode; a default input must
     # never break a healthy model, and summary/flops keep their per-sample numbers at batch 1
@@ -376,6 +387,21 @@ def test_a_forward_that_reads_pixels_gets_an_image_when_the_config_names_no_size
     assert "reads pixel_values; no image_size in its config" in r.json["input_source"]
 
 
+def test_ids_a_model_pads_before_its_embedding_are_valued_in_that_embedding(tmp_path, cli):
+    """A sweep: Longformer pads its ids to a multiple of its attention window inside its forward, so the tensor its
+    word embedding reads is a new one; the ids were valued in the smallest table (its 2 token types), half of them
+    the pad id."""
+    from transformers import LongformerConfig
+
+    config = LongformerConfig(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=32, attention_window=16, max_position_embeddings=64)
+    config.architectures = ["LongformerModel"]
+    config.save_pretrained(tmp_path / "lf")
+    r = cli("summary", f"hf:{tmp_path / 'lf'}", "--depth", "0", "--json")
+    assert r.code == 0, r.stderr
+    assert any("integer values in [0, 300)" in n and "word_embeddings" in n for n in r.json["input_notes"]), r.json
+
+
 def test_the_image_size_of_a_sub_config():
     """SAM and CLIP keep image_size in vision_config: the default image is read from there."""
     from transformers import CLIPConfig
@@ -409,6 +435,23 @@ def test_torchvision_weights_size_falls_back_to_the_imagenet_size():
     plain = sources.Source(lambda: None, {}, "x")
     sources._torchvision_inputs(models_with(224), "resnet18", plain)
     assert plain.inputs == ("1x3x224x224",) and plain.alternatives == ()
+
+
+def test_torchvision_default_input_follows_an_image_size_given():
+    """A sweep: `torchvision:vit_b_16 --arg image_size=384` exited 3 on the weights' 224 crop."""
+    from types import SimpleNamespace
+
+    from torchdiag.core import sources
+
+    transform = SimpleNamespace(crop_size=[224])
+    weights = SimpleNamespace(transforms=lambda: transform, meta={"min_size": (224, 224)})
+    models = SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=weights),
+                             list_models=lambda module=None: [], detection=None)
+    for given, want in ((384, "1x3x384x384"), ([160, 192], "1x3x160x192"), (224, "1x3x224x224")):
+        source = sources.Source(lambda: None, {"image_size": given}, "x")
+        sources._torchvision_inputs(models, "vit_b_16", source)
+        assert source.inputs == (want,), (given, source.inputs)
+        assert ("from --arg" in source.input_source) == (given != 224), source.input_source
 
 
 def test_said_once_folds_a_library_s_repeated_lines_only():

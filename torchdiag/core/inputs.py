@@ -458,14 +458,18 @@ def _one_hots(targets: dict, found: dict):
 def _derived_rows(x, t, rows: int) -> int | None:
     """The rows of a table of `rows` that t's own ids can take, where x holds t's values made anew: a copy of its
     first or last positions (x-transformers' next-token inputs, rebuilt by torch.where and cut: their 256 tokens
-    were given a position table's 64), shifted by a constant, or by one per column into one shared table (FT-
+    were given a position table's 64), t padded (HF Longformer: its ids were given the 2 rows of its token types),
+    shifted by a constant, or by one per column into one shared table (FT-
     Transformer's categories: their 27 rows gave column 2, offset by 21, ids up to 30). None: x is not from t."""
     import torch
 
     if (x.device != t.device or x.dim() != t.dim() or x.dim() == 0 or x.is_floating_point() or t.is_floating_point()
-            or x.shape[:-1] != t.shape[:-1] or not 2 <= x.shape[-1] <= t.shape[-1] or x.device.type == "meta"):
+            or x.shape[:-1] != t.shape[:-1] or x.shape[-1] < 2 or x.device.type == "meta"):
         return None
     n = x.shape[-1]
+    if n > t.shape[-1]:   # t padded at either end (Longformer pads its ids to a multiple of its attention window)
+        m = t.shape[-1]
+        return rows if any(torch.equal(w.to(torch.int64), t.to(torch.int64)) for w in (x[..., :m], x[..., -m:])) else None
     if n < t.shape[-1]:   # a window at either end
         return rows if any(torch.equal(x.to(torch.int64), w.to(torch.int64)) for w in (t[..., :n], t[..., -n:])) else None
     shift = _whole_shift(x, t)   # the same shape: one constant shift, or none

@@ -182,6 +182,10 @@ def _torchvision_inputs(models, name: str, source: Source) -> None:
         source.example_inputs = _one_image
         why = "a list of one 3x320x320 image (detection models resize it themselves)"
     else:
+        (_, h2, w2), given = _given_size((3, h, w), source.kwargs, None, "image_size")
+        if given:   # a ViT built for another size: the weights' size no longer fits it
+            source.inputs, source.input_source = (f"1x3x{h2}x{w2}",), f"torchvision:{name} default ({why}{given})"
+            return
         source.inputs = (f"1x3x{h}x{w}",)
         meta = getattr(weights, "meta", None) or {}
         if (h, w) != (224, 224) and tuple(meta.get("min_size", ())) == (h, w):
@@ -255,9 +259,33 @@ def timm_source(name: str, kwargs: dict[str, Any]) -> Source:
                                               "its pretrained_cfg")
     except Exception:
         size = (3, 224, 224)
+    read = "x".join(str(d) for d in size)
+    channels = size[0]
+    size, given = _given_size(size, kwargs, "in_chans", "img_size")
+    if size[0] != channels:   # the weights' per-channel mean/std fit their own channels only
+        source.normalisation = None
     source.inputs = ("1x" + "x".join(str(d) for d in size),)
-    source.input_source = f"timm:{name} default (its pretrained_cfg input_size {'x'.join(str(d) for d in size)})"
+    source.input_source = f"timm:{name} default (its pretrained_cfg input_size {read}{given})"
     return source
+
+
+def _given_size(size: tuple, kwargs: dict, channels: str | None, image: str) -> tuple[tuple, str]:
+    """The default input's (C, H, W) with the channels and image size the user's --arg builds the model for (timm
+    keeps its pretrained_cfg's 3x224x224 under `img_size=384` or `in_chans=1`: a sweep's healthy ViT at 384 exited
+    3 on a 224 input), and what the header says of it."""
+    c, h, w = size[0], size[-2], size[-1]
+    said = []
+    if channels and isinstance(kwargs.get(channels), int) and kwargs[channels] > 0:
+        c = kwargs[channels]
+        said.append(f"{channels}={c}")
+    got = kwargs.get(image)
+    if isinstance(got, int) and got > 0:
+        h = w = got
+    elif isinstance(got, (list, tuple)) and len(got) == 2 and all(isinstance(v, int) and v > 0 for v in got):
+        h, w = got
+    if (h, w) != (size[-2], size[-1]):
+        said.append(f"{image}={got}")
+    return (c, h, w), (f"; {' and '.join(said)} from --arg" if said else "")
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------------
@@ -425,8 +453,10 @@ def _hf_class(config, task: str | None):
                              hint="task picks the head: causal-lm for a decoder LM, seq2seq for an encoder-decoder, base for the bare model")
         auto = getattr(transformers, HF_TASKS[task])
         if type(config) not in auto._model_mapping:   # e.g. image-classification on a GPT-2 config
+            has = [t for t, name in HF_TASKS.items() if type(config) in getattr(transformers, name)._model_mapping]
             raise UsageError(f"--arg task={task}: transformers has no {HF_TASKS[task]} for model_type "
-                             f"'{config.model_type}'", hint="pick a task this model has a head for, e.g. base")
+                             f"'{config.model_type}'", hint=f"pick a task this model has a head for: {', '.join(has)}"
+                             if has else "pick a task this model has a head for")
         return auto, f"{HF_TASKS[task]} for task {task}"
     for arch in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, str(arch), None)
