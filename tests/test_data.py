@@ -394,6 +394,10 @@ def test_roles_by_convention():
     assert roles.target == "labels" and roles.inputs == ["input_ids", "attention_mask"]
     assert set(B.model_call({"input_ids": x, "attention_mask": x, "labels": y}, roles)[1]) == {"input_ids", "attention_mask"}
     assert B.find_roles(x).target is None
+    # a sweep: class names left as strings were read as "a 1-tuple: no target"
+    named = B.find_roles((x, ("zero", "one")))
+    assert named.target is None and named.how == "[1] holds a tuple of str, not a tensor: no target read", named.how
+    assert B.find_roles((x,)).how == "a 1-tuple: no target"
 
 
 # ---- order and batches ----------------------------------------------------------------------------------
@@ -407,6 +411,10 @@ def test_label_runs_truth():
 def test_unshuffled_training_loader():
     f = one(run("data_order.py:sorted_labels"), "not-shuffled")
     assert "runs of 64.0" in f.message and "SequentialSampler" in f.message
+    # a sweep: read one batch of 32 (--no-speed), runs of ~180 were told "runs of 32.0 on average (longest 32)"
+    f = one(run("data_order.py:sorted_labels", speed=False), "not-shuffled")
+    assert f.message.startswith("the first 32 samples the training loader gives all have one label (its runs are "
+                                "at least that long)"), f.message
 
 
 def test_last_batch_of_one():

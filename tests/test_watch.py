@@ -1673,6 +1673,28 @@ def test_a_softmax_before_cross_entropy_loss_is_found_from_its_input(fixed):
     assert r.exit_code == 0
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_parameters_that_require_no_gradient_are_said_in_the_header(frozen):
+    """A sweep: a first layer frozen by mistake (87% of the MLP) was in no table and the run passed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    if frozen:
+        model[0].requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with Watch(model, opt, every=5) as w:
+        for _ in range(10):
+            x = torch.randn(16, 64)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+    said = w.result().header.get("frozen", "")
+    if not frozen:
+        assert not said
+        return
+    assert said.startswith(f"{64 * 128 + 128:,} of the {64 * 128 + 128 + 1290:,} parameter values"), said
+    assert "(87%)" in said and said.endswith("0.weight, 0.bias"), said
+
+
 @pytest.mark.parametrize("variant", ["logits", "fixed", "log"])
 def test_raw_logits_into_nll_loss_are_found_from_its_input(variant):
     """A sweep: nn.NLLLoss on raw logits fell to -381 at chance accuracy and watch passed it. Log-probabilities'

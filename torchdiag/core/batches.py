@@ -148,8 +148,18 @@ def _conventional_target(batch, kind: str, names: list[str]) -> tuple[str | None
     if kind == "tuple":
         if len(batch) >= 2 and "[1]" in names:
             return "[1]", "(inputs, target) tuple"
+        if len(batch) >= 2:   # a sweep: class names as strings were "a 1-tuple: no target"
+            return None, f"[1] holds {_kind_of(batch[1])}, not a tensor: no target read"
         return None, "a 1-tuple: no target"
     return None, "a lone tensor: no target"
+
+
+def _kind_of(value) -> str:
+    """What a batch field that is no tensor holds, in a few words ("a list of str", "None")."""
+    if isinstance(value, (list, tuple)) and value:
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a {type(value).__name__} of {'/'.join(kinds[:3])}"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def get(batch, name: str):

@@ -589,9 +589,13 @@ def _order(r, st) -> None:
     seq = type(sampler).__name__ == "SequentialSampler"
     if o["not_shuffled"]:
         # measured on the samples the probe read: a run can be no longer (a sweep: runs of ~134 read "longest 32")
-        r.add("not-shuffled", "warning", "train", f"the training loader gives labels in runs of {o['mean_run']:.1f} on "
-              f"average (longest {o['longest_run']}, in the first {o['samples']} samples read) where shuffled data "
-              f"gives {o['shuffled_mean_run']:.2f}"
+        # every sample read of one label (--no-speed reads one batch): the runs are at least that long (a sweep:
+        # "runs of 32.0" of a loader whose runs were ~180)
+        runs = (f"the first {o['samples']} samples the training loader gives all have one label (its runs are at "
+                "least that long)" if o["longest_run"] >= o["samples"] else
+                f"the training loader gives labels in runs of {o['mean_run']:.1f} on average (longest "
+                f"{o['longest_run']}, in the first {o['samples']} samples read)")
+        r.add("not-shuffled", "warning", "train", f"{runs} where shuffled data gives runs of {o['shuffled_mean_run']:.2f}"
               + (" (its sampler is a SequentialSampler)" if seq else ""),
               "shuffle the training loader (DataLoader(..., shuffle=True)): batches of one class make the "
               "gradient swing from class to class")

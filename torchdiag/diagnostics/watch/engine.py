@@ -125,6 +125,8 @@ class Engine:
         self._one_off_keys: list = []       # the tracks of those, kept until a read has read them
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
+        self.frozen: tuple[int, int, list[str]] = (0, 0, [])   # the trained models' parameters without grad, as of
+                                                               # the last read (_note_frozen)
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
         self._labels: list[str] = []       # by order: what the user's code calls each root hooked (names.py)
@@ -675,6 +677,23 @@ class Engine:
             self._seen_eval.clear()
             self._seen_fed.clear()
             self._seen_since.clear()
+
+    def _note_frozen(self) -> None:
+        """(elements, of all elements, names) of the trained models' parameters that require no gradient: flags and
+        sizes only, no device read; kept at each read, as the models may be gone when the report is made."""
+        count, total, names, seen = 0, 0, [], set()
+        for root in list(self.roots.values()):
+            prefix = self.root_prefix(root)
+            for n, p in inner(root).named_parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                total += p.numel()
+                if not p.requires_grad:
+                    count += p.numel()
+                    names.append(prefix + n)
+        if total:
+            self.frozen = (count, total, names)
 
     def _name_params(self):
         names: dict[int, str] = {}
@@ -1779,6 +1798,7 @@ class Engine:
         if not final:
             self._drop_retired()
         self._drop_one_offs()   # the final read's too: the report lists the last (a review: 51 tracks, 204 findings)
+        self._note_frozen()
         if self.on_read is not None:
             self.on_read(self.snapshot(start, [(p, v) for (k, p), v in zip(layout, values) if k == "ratio"]))
 

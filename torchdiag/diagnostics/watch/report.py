@@ -64,6 +64,17 @@ GREW = 3.0             # weights grown this many times beyond a standard init's 
 UPDATING = 3e-3        # ... where the updates still move them by this share of their norm a step (3x a healthy one)
 
 
+def _frozen(engine) -> str:
+    """The trained models' parameters that require no gradient as of the last read, said (not judged: a frozen
+    backbone is a choice; a layer frozen by mistake was in no table at all: a sweep's 87% of an MLP)."""
+    count, total, names = engine.frozen
+    if not count:
+        return ""
+    listed = ", ".join(names[:4]) + (f" … (+{len(names) - 4})" if len(names) > 4 else "")
+    return (f"{count:,} of the {total:,} parameter values of the trained models ({count / total:.0%}) require no "
+            f"gradient (requires_grad=False) and are not trained: {listed}")
+
+
 def window(n: int) -> int:
     return max(5, min(50, n // 10))
 
@@ -78,6 +89,9 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     result.header["every"] = opts.every
     result.header["optimizers"] = _optimizers(engine)
     result.header["models"] = list(engine.models_seen)
+    frozen = _frozen(engine)
+    if frozen:
+        result.header["frozen"] = frozen
     if opts.accumulate:
         result.header["accumulate"] = "gradients carried over steps on purpose: the zero_grad check is off"
     result.data["steps"] = engine.step
