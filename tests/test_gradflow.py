@@ -581,6 +581,9 @@ def test_layer_scale_and_cls_token_are_judged_by_their_gradient():
     assert {r["reason"] for r in res.table("params").rows if r["status"] == "by-design-init"} \
         == {"blocks.0.gamma", "blocks.1.gamma", "blocks.2.gamma"}
     assert st["blocks.0.norm.weight"] == "by-design-init"
+    # the ok ones judged by how they are built are said beside the ok count (a sweep: "ok 159" beside "41 judged")
+    status = dict(res.summary)["Status"]
+    assert status.endswith("(4 of the ok ones judged by how they are built: info)"), status
 
 
 def test_a_tiny_parameter_with_a_huge_gradient_still_explodes():

@@ -324,6 +324,13 @@ def status_counts(rows) -> dict[str, int]:
     return counts
 
 
+def _ok_by_design(rows) -> str:
+    """The ok rows judged by how they are built (tiny by construction), which the verdict counts among its "judged by
+    how they are built" (a sweep: "ok 159" beside "41 judged", the 18 tiny ones in neither)."""
+    n = sum(1 for r in rows if r["status"] == "ok" and r.get("design"))
+    return f" ({n} of the ok ones judged by how they are built: info)" if n else ""
+
+
 def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict") -> None:
     """Summary lines, the verdict, and whether warnings fail (strict)."""
     counts = status_counts(rows)
@@ -335,7 +342,7 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
     result.summary += [
         ("Loss", f"{loss_value:.6g} ({result.header['loss']})"),
         ("Trainable parameters reached", f"{reached} of {trainable} tensors"),
-        ("Status", ", ".join(f"{k} {counts[k]}" for k in STATUS_ORDER if counts.get(k))),
+        ("Status", ", ".join(f"{k} {counts[k]}" for k in STATUS_ORDER if counts.get(k)) + _ok_by_design(rows)),
     ]
     if opts.strict:
         result.failed = bool(errors or warnings)
