@@ -1673,6 +1673,24 @@ def test_a_softmax_before_cross_entropy_loss_is_found_from_its_input(fixed):
     assert r.exit_code == 0
 
 
+def test_a_pass_names_the_infos_it_stands_beside():
+    """A sweep: labels shuffled apart from their inputs got "INFO loss-plateau: the loss never fell" over "PASS:
+    nothing wrong found", which read as a contradiction: the verdict names the infos."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(120):
+            x = torch.randn(64, 16)
+            opt.zero_grad()
+            F.cross_entropy(model(x), torch.randint(0, 4, (64,))).backward()   # labels that x does not tell
+            opt.step()
+    r = w.result()
+    assert not codes(r) and "loss-plateau" in codes(r, ("info",)), [f.to_dict() for f in r.findings]
+    infos = sorted(codes(r, ("info",)))
+    assert r.verdict == f"PASS: 120 steps, nothing wrong found (info: {', '.join(infos)})", r.verdict
+
+
 @pytest.mark.parametrize("frozen", [False, True])
 def test_parameters_that_require_no_gradient_are_said_in_the_header(frozen):
     """A sweep: a first layer frozen by mistake (87% of the MLP) was in no table and the run passed."""

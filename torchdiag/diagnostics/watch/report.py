@@ -2375,8 +2375,10 @@ def _verdict(result: Result, engine, interrupted, failure) -> None:
         result.verdict = f"FAIL: {errors[0].code}" + (f" at {errors[0].where}" if errors[0].where else "")
     elif warnings:
         result.verdict = f"WARN: {len(warnings)} warning(s) in {engine.step} steps"
-    else:
-        result.verdict = f"PASS: {engine.step} steps, nothing wrong found"
+    else:   # an info is no fault, yet "nothing wrong" under "the loss never fell" read as a contradiction (a sweep)
+        infos = sorted({f.code for f in result.findings if f.severity == "info"})
+        result.verdict = f"PASS: {engine.step} steps, nothing wrong found" + (
+            f" (info: {', '.join(infos)})" if infos else "")
 
 
 def _gone_bad(result: Result) -> str:
