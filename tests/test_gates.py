@@ -175,6 +175,10 @@ def test_an_exploding_gradient_back_at_an_earlier_step_is_transient_though_the_l
         v = Verdict(flag, 1609.0, 92.4, resolved=False, grew=False, steps=3)
         earlier_step(v, grads, [1.0, 1.0], 1.0, 96.6, losses)
         assert not v.resolved and v.after == 92.4 and v.at == 0
+    # a review: a dip at step 1, then the gradient grew past where it started (the loss 5e6x): not transient
+    v = Verdict(flag, 1609.0, 1e7, resolved=False, grew=False, steps=3)
+    earlier_step(v, [6.79, 2e6], [1.0, 1.0], 1.0, 96.6, [25.2, 1e6, 5e8])
+    assert not v.resolved and v.at == 0
     # a run whose loss went non-finite counts for nothing
     v = Verdict(flag, 1609.0, 92.4, resolved=False, grew=False, steps=3)
     earlier_step(v, [65453.0, 6.79], [1.0, 1.0], 1.0, 96.6, [4858.0, 25.2, float("nan")])

@@ -618,6 +618,29 @@ def test_ids_made_anew_or_offset_per_column_are_still_found():
     assert embedding_consumers(SharedTable(), ModelInputs((one,), {}), ["input[0]"]) == {}
 
 
+class PaddedIds(nn.Module):
+    """Ids padded to 16 with a constant before the lookup (Longformer pads to its attention window), beside a
+    one-column condition id and positions from arange looked up first (a review's: position ids start with 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos, self.tok, self.cond = nn.Embedding(64, 4), nn.Embedding(300, 4), nn.Embedding(2, 4)
+
+    def forward(self, ids, cond):
+        p = self.pos(torch.arange(16).expand(ids.shape[0], 16))
+        padded = nn.functional.pad(ids, (0, 16 - ids.shape[1]), value=1)
+        return (self.tok(padded) + p).sum() + self.cond(cond).sum()
+
+
+def test_ids_a_model_pads_before_its_lookup_are_found_and_a_short_id_is_not_matched_by_chance():
+    from torchdiag.core.inputs import ModelInputs
+
+    g = torch.Generator().manual_seed(0)
+    ids, cond = torch.randint(0, 2, (1, 10), generator=g), torch.zeros(1, 1, dtype=torch.int64)
+    found = embedding_consumers(PaddedIds(), ModelInputs((ids, cond), {}), ["input[0]", "input[1]"])
+    assert found == {"input[0]": ("tok", 300), "input[1]": ("cond", 2)}, found
+
+
 def test_inputs_joined_by_a_comma_are_told_to_take_one_option_each():
     """A sweep: `-i 1x10,1x7` was told only that dimensions are integers joined by 'x'."""
     from torchdiag.errors import UsageError

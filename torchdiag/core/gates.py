@@ -317,8 +317,10 @@ def earlier_step(v: Verdict, grads: list[float], outs: list[float], o0: float, l
     -> 65453 -> 6.79 -> 92.4 while the loss went 96.6 -> 4858 -> 25.2 -> 22.6; one thread more or fewer moved the
     last value across the yardstick). A step counts where its gradient is back within the threshold and fell GROW x
     further than the loss's best so far (a gate's: than the gradient reaching the outputs) in a run that stayed
-    finite: the step's values then stand for `after`, `at` says which step."""
-    if v.resolved or not math.isfinite(loss_fell(l0, losses)):
+    finite and whose last gradient is no larger than the first (a review: one that dipped at step 1 and then grew
+    1e4x, the loss 5e6x, had not left the start's level): the step's values then stand for `after`, `at` says which
+    step."""
+    if v.resolved or not math.isfinite(loss_fell(l0, losses)) or not v.after <= v.before:
         return
     for k, (b, o) in enumerate(zip(grads, outs)):
         fall = o0 / o if v.flag.tiny and o0 > 0 and o > 0 and abs(o0 / o - 1.0) > 1e-6 else math.nan

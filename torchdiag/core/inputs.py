@@ -468,8 +468,7 @@ def _derived_rows(x, t, rows: int) -> int | None:
         return None
     n = x.shape[-1]
     if n > t.shape[-1]:   # t padded at either end (Longformer pads its ids to a multiple of its attention window)
-        m = t.shape[-1]
-        return rows if any(torch.equal(w.to(torch.int64), t.to(torch.int64)) for w in (x[..., :m], x[..., -m:])) else None
+        return rows if _padded(x.to(torch.int64), t.to(torch.int64)) else None
     if n < t.shape[-1]:   # a window at either end
         return rows if any(torch.equal(x.to(torch.int64), w.to(torch.int64)) for w in (t[..., :n], t[..., -n:])) else None
     shift = _whole_shift(x, t)   # the same shape: one constant shift, or none
@@ -481,6 +480,24 @@ def _derived_rows(x, t, rows: int) -> int | None:
     starts = sorted(set(columns[0].tolist())) + [rows]
     fits = min(b - a for a, b in zip(starts, starts[1:]))
     return fits if fits > 0 else None
+
+
+def _padded(x, t) -> bool:
+    """x is t with one value filled in before or after it, t at least PADDED_MIN long: shorter, a tensor that merely
+    starts or ends with t's few values matches by chance (a review: a (1, 1) condition id of 0 and position ids
+    from arange, whose table of 64 rows it was then valued in; the model's own table had 2)."""
+    import torch
+
+    m = t.shape[-1]
+    if m < PADDED_MIN:
+        return False
+    for kept, rest in ((x[..., :m], x[..., m:]), (x[..., -m:], x[..., :-m])):
+        if torch.equal(kept, t) and bool((rest == rest.reshape(-1)[:1]).all()):
+            return True
+    return False
+
+
+PADDED_MIN = 8   # positions an id input has at least for a padded copy of it to be recognised (_padded)
 
 
 def _whole_shift(x, t) -> int | None:

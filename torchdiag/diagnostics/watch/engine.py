@@ -440,7 +440,7 @@ class Engine:
             return
         if isinstance(module, _losses()) and args:
             if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()):
-                self._look_at_loss_input(module, args[0])
+                self._look_at_loss_input(module, args[0], args[1] if len(args) > 1 else None)
             if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
                 self._look_at_loss_shapes(module, args[0], args[1])
 
@@ -489,7 +489,7 @@ class Engine:
             passed_through(self._nograd.get(id(module)), output)   # frozen.py
 
 
-    def _look_at_loss_input(self, module, x) -> None:
+    def _look_at_loss_input(self, module, x, target=None) -> None:
         """CrossEntropyLoss given probabilities (a softmax before it), NLLLoss given them rather than their log: the
         loss module's input at its first calls, judged on the device and read at the next read."""
         import torch
@@ -510,12 +510,23 @@ class Engine:
                                            math.nan if getattr(module, "weight", None) is not None   # weighted
                                            else float(getattr(module, "label_smoothing", 0.0))),
                                  flag.float().reshape(1)))
-            if isinstance(module, torch.nn.NLLLoss):   # log-probabilities' exps sum to at most 1 over the classes
-                # (a subset of them to less): a row summing above is logits (a sweep: NLLLoss on raw logits fell
-                # to -381 at chance accuracy, and watch passed it)
-                lse = torch.logsumexp(p, 1)
-                self.pending.append(("nllsum", (self.step + 1, type(module).__name__, int(x.shape[1]), 10 * tol),
-                                     lse.masked_fill(~lse.isfinite(), -math.inf).amax().reshape(1)))
+            if isinstance(module, torch.nn.NLLLoss):
+                self._look_at_nll_input(module, p, target)
+
+    def _look_at_nll_input(self, module, p, target) -> None:
+        """NLLLoss given logits (a sweep: raw logits fell to -381 at chance accuracy, and watch passed it): values of
+        both signs, some above NLL_ABOVE, in the rows it scores (ignore_index's rows are not: a review's padding
+        zeroed there). No log-probability is above 0, nor above log(1 + eps) with a floor eps added before the log;
+        all values >= 0 are probabilities (the "probs" look's)."""
+        import torch
+
+        if isinstance(target, torch.Tensor) and target.shape == p.shape[:1] + p.shape[2:] and not target.is_floating_point():
+            scored = (target != getattr(module, "ignore_index", -100)).unsqueeze(1).to(p.device)
+            p = p.masked_fill(~scored, -math.inf)
+        top = p.masked_fill(~p.isfinite(), -math.inf).amax()
+        mixed = (top > NLL_ABOVE) & (p.masked_fill(p.isnan(), 0).amin() < 0)
+        self.pending.append(("nllpos", (self.step + 1, type(module).__name__, int(p.shape[1])),
+                             torch.where(mixed, top, torch.zeros_like(top)).reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:
         """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint
@@ -2413,6 +2424,7 @@ def compiled(root) -> bool:
 
 
 LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
+NLL_ABOVE = 0.05   # an NLLLoss input above this is no log-probability (log(p + eps) is at most log(1 + eps))
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)

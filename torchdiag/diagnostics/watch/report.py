@@ -1050,9 +1050,9 @@ def _probabilities(result: Result, engine) -> None:
     _wrong_dim(result, engine)
     _sigmoid_into_logits(result, engine)
     _dropout_into_loss(result, engine)
+    _logits_into_nll(result, engine)   # its own module's: beside another module's probabilities too (a review)
     got = engine.checks.get("probs_into_loss")
     if not got:
-        _logits_into_nll(result, engine)
         return
     step, loss, classes, logits, *smoothing = got   # the module's label smoothing; unknown from a function's graph
     if logits:
@@ -1076,12 +1076,11 @@ def _probabilities(result: Result, engine) -> None:
 def _logits_into_nll(result: Result, engine) -> None:
     got = engine.checks.get("logits_into_nll")
     if got:
-        step, loss, classes, lse = got
+        step, loss, classes, top = got
         result.add("logits-into-nll", "warning", "", f"{loss} got values that are not log-probabilities at step {step}: "
-                   f"their exps summed to {math.exp(min(lse, 700.0)):.3g} over a sample's {classes} classes, where "
-                   "log-probabilities' sum to at most 1 (raw logits?). NLLLoss only negates the target's value, so on "
-                   "logits it raises that one without bound (the loss falls below 0 and on) and the other classes' "
-                   "values get no gradient",
+                   f"of both signs, up to {top:.3g} over {classes} classes, where a log-probability is at most 0 (raw "
+                   "logits?). NLLLoss only negates the target's value, so on logits it raises that one without bound "
+                   "(the loss falls below 0 and on) and the other classes' values get no gradient",
                    "apply log_softmax over the classes before NLLLoss, or give the logits to CrossEntropyLoss, "
                    "which does both")
 

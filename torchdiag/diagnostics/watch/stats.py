@@ -1172,9 +1172,9 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         seen = checks.get("probs_into_loss")   # the graph's (function names) gives way to the module's own name
         if vals[0] > 0 and (seen is None or seen[1] in ("cross_entropy", "nll_loss")):
             checks["probs_into_loss"] = payload
-    elif kind == "nllsum":   # an NLLLoss input's largest row log-sum-exp (engine._look_at_loss_input): above 0, no
-        if vals[0] > payload[3] and "logits_into_nll" not in checks:   # log-probabilities
-            checks["logits_into_nll"] = (*payload[:3], vals[0])
+    elif kind == "nllpos":   # an NLLLoss input of both signs, its largest value above 0 (engine._look_at_nll_input)
+        if vals[0] > 0 and "logits_into_nll" not in checks:
+            checks["logits_into_nll"] = (*payload, vals[0])
     elif kind == "bn":
         step, names = payload
         for name, v in zip(names, vals):
