@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from support import load, load_module
+from support import load, load_module, sample
 
 torch = pytest.importorskip("torch")
 
@@ -318,6 +318,13 @@ def test_doctor_says_adam_underflows_in_float16_not_that_the_forward_overwrites(
     assert "eps 1e-08 is 0 in float16" in f.message and "|g| ≤ 0.0055" in f.message
     assert "amp fp16" in f.hint and "optimizer sgd" in f.hint      # named as the Python caller writes them
     assert "param-not-updated" not in codes(r)
+
+
+def test_doctor_on_the_command_line_names_no_optimizer_option_it_lacks(cli):
+    """A sweep: doctor's float16 hint said "or --optimizer sgd", an option doctor's command line refuses."""
+    r = cli("doctor", sample("mlp.py:build"), "--dtype", "float16", "--json")
+    (f,) = [f for f in r.json["findings"] if f["code"] == "non-finite-update"]
+    assert "--amp fp16" in f["hint"] and "--optimizer" not in f["hint"] and "plain SGD" in f["hint"], f["hint"]
 
 
 def test_the_same_step_is_fine_in_float32_and_rounds_away_in_bfloat16():

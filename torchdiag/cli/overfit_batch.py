@@ -46,7 +46,7 @@ likely causes are checked: non-finite loss, missing or zero gradients, parameter
 changed, a flat loss, outputs identical across samples. With --amp fp16 the GradScaler's scale
 per step and the skipped steps are reported (every step skipped: error every-step-skipped,
 naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose updates
-round away (counted at the first step and at steps 2, 4, 8, …) are named (update-rounds-away). Your model is not modified."""
+round away (counted at the first step and at steps 3, 5, 9, 17, …) are named (update-rounds-away). Your model is not modified."""
 
 OWN = {"steps": (Steps, None), "optimizer": (Optimizer, "adam"), "lr": (Lr, None), "momentum": (c.momentum("0.9"), None), "target_ratio": (Ratio, 0.01),
        "target_loss": (TargetLoss, None), "plot": (Plot, None)}

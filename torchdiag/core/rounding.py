@@ -91,9 +91,12 @@ def adam_underflow(optimizer, dtype: str) -> str:
             "m / (√v + eps) divides by 0 (NaN where g = 0, Inf for small g)")
 
 
-def nonfinite_hint(ctx) -> str:
-    """The remedies for adam_underflow, with the options named as the caller writes them."""
-    amp, dtype, opt = ctx.option("amp"), ctx.option("dtype"), ctx.option("optimizer")
+def nonfinite_hint(ctx, optimizer_option: bool = True) -> str:
+    """The remedies for adam_underflow, with the options named as the caller writes them; `optimizer_option`: the
+    caller has one (doctor's command line and check's doctor do not, its Python call does: a sweep found the CLI's
+    hint naming an option it refuses)."""
+    amp, dtype = ctx.option("amp"), ctx.option("dtype")
+    sgd = f"{ctx.option('optimizer')} sgd" if optimizer_option else "plain SGD"
     return (f"keep float32 master weights: train with {amp} fp16 (autocast + GradScaler) or {amp} bf16 instead of "
             f"{dtype} float16; pure float16 weights need Adam's state and eps in float32 (or an eps ≥ 1e-4), or "
-            f"{opt} sgd (no eps, no second moment)")
+            f"{sgd} (no eps, no second moment)")

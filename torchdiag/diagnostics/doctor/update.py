@@ -399,7 +399,7 @@ def _report_nonfinite(broken: dict[str, int], params: dict, optimizer, ctx, ck: 
     ck.find("update", "non-finite-update", "error", names[0],
             f"{len(names)} parameter(s) hold Inf/NaN after 1 {step} step (lr {lr:g}) from finite values: {shown}"
             + (f" … (+{len(names) - 6} more)" if len(names) > 6 else "") + (f"; why: {why}" if why else ""),
-            rounding_rule.nonfinite_hint(ctx) if why else
+            rounding_rule.nonfinite_hint(ctx, optimizer_option=ctx.spec.caller == "python") if why else
             "the step itself produced Inf/NaN: check the learning rate and the gradients (`torchdiag nancheck`)",
             verdict=f"{len(names)} parameter(s) become Inf/NaN after one step")
 
