@@ -692,11 +692,13 @@ class Engine:
     def _note_frozen(self) -> None:
         """(elements, of all elements, names) of the trained models' parameters that require no gradient: flags and
         sizes only, no device read; kept at each read, as the models may be gone when the report is made."""
+        from torch.nn.parameter import is_lazy
+
         count, total, names, seen = 0, 0, [], set()
         for root in list(self.roots.values()):
             prefix = self.root_prefix(root)
             for n, p in inner(root).named_parameters():
-                if id(p) in seen:
+                if id(p) in seen or is_lazy(p):   # (a lazy module's has no size yet)
                     continue
                 seen.add(id(p))
                 total += p.numel()
