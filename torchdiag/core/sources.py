@@ -275,16 +275,16 @@ def _given_size(size: tuple, kwargs: dict, channels: str | None, image: str) -> 
     3 on a 224 input), and what the header says of it."""
     c, h, w = size[0], size[-2], size[-1]
     said = []
-    def size(v) -> bool:   # (a bool is an int to Python)
+    def positive(v) -> bool:   # (a bool is an int to Python)
         return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
-    if channels and size(kwargs.get(channels)):
+    if channels and positive(kwargs.get(channels)):
         c = kwargs[channels]
         said.append(f"{channels}={c}")
     got = kwargs.get(image)
-    if size(got):
+    if positive(got):
         h = w = got
-    elif isinstance(got, (list, tuple)) and len(got) == 2 and all(size(v) for v in got):
+    elif isinstance(got, (list, tuple)) and len(got) == 2 and all(positive(v) for v in got):
         h, w = got
     if (h, w) != (size[-2], size[-1]):
         said.append(f"{image}={got}")
