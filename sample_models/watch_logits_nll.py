@@ -2,7 +2,10 @@
 below 0 without bound while the other classes get no gradient (accuracy stays at chance). `--fixed` adds the
 LogSoftmax; `--log` takes the log of a softmax's output with a floor added (log(p + 0.01): its exps sum above 1,
 yet no value is above log(1.01)); `--padded` gives log-probabilities whose padded rows are filled with 0 and ignored
-(their targets ignore_index); `--both` adds a second loss, a softmax's output given to CrossEntropyLoss (two bugs)."""
+(their targets ignore_index); `--both` adds a second loss, a softmax's output given to CrossEntropyLoss (two bugs);
+`--small` starts the logits near 0 (a head initialised at std 1e-3: no value above 0.05); `--aux` calls three
+auxiliary CrossEntropyLoss modules first; `--weighted` gives log-probabilities scaled by a per-sample weight of
+either sign (REINFORCE written with NLLLoss: not logits)."""
 import argparse
 
 import torch
@@ -16,11 +19,19 @@ def main():
     ap.add_argument("--log", action="store_true")
     ap.add_argument("--padded", action="store_true")
     ap.add_argument("--both", action="store_true")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--aux", action="store_true")
+    ap.add_argument("--weighted", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     layers = [nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)]
-    end = [nn.LogSoftmax(dim=1)] if args.fixed or args.padded else [nn.Softmax(dim=1)] if args.log else []
+    if args.small:
+        nn.init.normal_(layers[-1].weight, std=1e-3)
+        nn.init.zeros_(layers[-1].bias)
+    logp = args.fixed or args.padded or args.weighted
+    end = [nn.LogSoftmax(dim=1)] if logp else [nn.Softmax(dim=1)] if args.log else []
     model = nn.Sequential(*layers, *end)
+    aux = [nn.CrossEntropyLoss() for _ in range(3)] if args.aux else []
     criterion = nn.NLLLoss()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     w = torch.randn(8, 4)
@@ -30,7 +41,9 @@ def main():
         if args.padded:   # the last 8 rows are padding: zeroed, and not scored
             pad = torch.arange(32) >= 24
             out, y = out.masked_fill(pad[:, None], 0.0), y.masked_fill(pad, -100)
-        loss = criterion(torch.log(out + 0.01) if args.log else out, y)
+        if args.weighted:   # an advantage per sample, of either sign
+            out = out * torch.randn(32, 1)
+        loss = sum(a(model[:3](x), y) for a in aux) + criterion(torch.log(out + 0.01) if args.log else out, y)
         if args.both:
             loss = loss + nn.CrossEntropyLoss()(torch.softmax(out, 1), y)
         opt.zero_grad()

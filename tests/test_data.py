@@ -398,6 +398,15 @@ def test_roles_by_convention():
     named = B.find_roles((x, ("zero", "one")))
     assert named.target is None and named.how == "[1] holds a tuple of str, not a tensor: no target read", named.how
     assert B.find_roles((x,)).how == "a 1-tuple: no target"
+    # a review: a dict's `label` of strings, a namedtuple's field by its name, several target tensors
+    assert B.find_roles({"x": x, "label": ["a", "b"]}).how == "dict key 'label' holds a list of str, not a tensor: " \
+                                                            "no target read"
+    import collections
+
+    Pair = collections.namedtuple("Pair", "image name")
+    assert B.find_roles(Pair(x, ("a", "b"))).how == "name holds a tuple of str, not a tensor: no target read"
+    several = B.find_roles((x, (y, y)))
+    assert several.target is None and several.how == "[1] holds 2 tensors ([1][0], [1][1]): no single target read"
 
 
 # ---- order and batches ----------------------------------------------------------------------------------

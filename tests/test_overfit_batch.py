@@ -92,6 +92,17 @@ def test_a_budget_of_one_or_two_steps_whose_loss_fell_is_not_overfit_yet(steps):
     assert codes(r) == ["not-overfit-yet"] and r.verdict.startswith("NOT YET"), r.verdict
 
 
+def test_one_step_that_raises_the_loss_says_loss_rose():
+    """A review: `--steps 1` whose loss rose 138x got cannot-overfit with "no mechanical cause found"; two steps said
+    loss-rose."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    x = torch.rand(64, 64, generator=torch.Generator().manual_seed(0))
+    r = overfit(model, x, steps=1, optimizer="sgd", lr=50.0)
+    assert r.series["loss"][1] > 1.1 * r.series["loss"][0], r.series["loss"]
+    assert "loss-rose" in codes(r), [f.to_dict() for f in r.findings]
+
+
 def test_a_float64_model_overfits_and_its_norm_is_its_own():
     """A sweep: a float64 model raised (exit 4): its gradient norm was asked in float32, a narrowing torch refuses."""
     torch.manual_seed(0)
@@ -1773,7 +1784,7 @@ def test_a_cause_that_has_not_stopped_the_fall_is_not_an_error():
         [(f.code, f.message) for f in r.findings]
     # 71 of the 2,948 elements: too few to stop the fall alone (a sweep's bfloat16 LLaMA, its norm
     # gains, reached --target-ratio 0.1 at step 192 of a --steps 100 run called cannot-overfit)
-    assert r.exit_code == 0 and any("too few to stop the fall alone" in n for n in r.notes), r.notes
+    assert r.exit_code == 0 and any("too little to stop the fall alone" in n for n in r.notes), r.notes
     assert run("overfit-batch", model(), x, dtype="bfloat16", steps=60, lr=3e-3).data["passed"]
 
 
@@ -1948,7 +1959,7 @@ def test_updates_that_round_away_later_in_the_run_are_counted_there():
     (f,) = [f for f in r.findings if f.code == "update-rounds-away"]
     assert r.exit_code == 1 and "after Adam step 513" in f.message, f.message
     assert sum(row["unchanged"] for row in r.data["rounded_away"]) > 0.5 * 650
-    assert not any("too few to stop the fall" in n for n in r.notes), r.notes
+    assert not any("too little to stop the fall" in n for n in r.notes), r.notes
     assert run("overfit-batch", model(), x, steps=600).data["best_loss"] < 0.7 * r.data["final_loss"]
 
 

@@ -144,14 +144,27 @@ def _conventional_target(batch, kind: str, names: list[str]) -> tuple[str | None
         for key in TARGET_KEYS:
             if key in names:
                 return key, f"dict key '{key}'"
+        for key in TARGET_KEYS:   # a review: a `label` key of strings was "no dict key named like a target"
+            if key in batch:
+                return None, _not_read(f"dict key '{key}'", batch[key], names, key)
         return None, "no dict key named like a target (" + "/".join(TARGET_KEYS[:5]) + ")"
     if kind == "tuple":
         if len(batch) >= 2 and "[1]" in names:
             return "[1]", "(inputs, target) tuple"
         if len(batch) >= 2:   # a sweep: class names as strings were "a 1-tuple: no target"
-            return None, f"[1] holds {_kind_of(batch[1])}, not a tensor: no target read"
+            top = _tops(batch)[1]
+            return None, _not_read(top if fields else "[1]", batch[1], names, top)
         return None, "a 1-tuple: no target"
     return None, "a lone tensor: no target"
+
+
+def _not_read(what: str, value, names: list[str], top: str) -> str:
+    """Why the field where a target would be gives none: tensors nested in it (several targets: one is named with
+    --target-field), or no tensor at all (class names left as strings)."""
+    inner = [n for n in names if n.startswith(top + ".") or n.startswith(top + "[")]
+    if inner:
+        return f"{what} holds {len(inner)} tensors ({', '.join(inner[:3])}{' …' if len(inner) > 3 else ''}): no single target read"
+    return f"{what} holds {_kind_of(value)}, not a tensor: no target read"
 
 
 def _kind_of(value) -> str:

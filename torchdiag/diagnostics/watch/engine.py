@@ -253,7 +253,8 @@ class Engine:
         # an optimizer's first steps found none of its parameters with a gradient after a backward: the next
         # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
         self._starved_probe: dict | None = None
-        self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
+        self._loss_looks: dict[int, int] = {}   # each loss module's inputs looked at (_look_at_loss_input): its own
+                                                 # first calls (a review: three auxiliary losses used up the NLLLoss's)
         self._graph_looks = 0               # losses whose autograd graph was looked at (_look_at_graph)
         self._frozen_refs: dict = {}        # name -> the module kept in eval (its running statistics read at the end)
         self._eval_grad: dict[int, bool] = {}   # id -> a dropout/BatchNorm called in eval while asked: any call with grad
@@ -439,7 +440,7 @@ class Engine:
         if self._given_models and self._inert:
             return
         if isinstance(module, _losses()) and args:
-            if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()):
+            if self._loss_looks.get(id(module), 0) < LOSS_LOOKS and isinstance(module, _class_losses()):
                 self._look_at_loss_input(module, args[0], args[1] if len(args) > 1 else None)
             if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
                 self._look_at_loss_shapes(module, args[0], args[1])
@@ -497,7 +498,7 @@ class Engine:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[1] < 2 \
                 or x.numel() == 0:   # a review: an empty selection (no positives in the batch) stopped watch
             return
-        self._loss_looks += 1
+        self._loss_looks[id(module)] = self._loss_looks.get(id(module), 0) + 1
         # a row's sum is off by its rounding: ~eps per class (a review: bfloat16 softmax rows missed 1e-3)
         tol = max(1e-3, 4 * torch.finfo(x.dtype).eps * math.sqrt(x.shape[1]))
         with torch.no_grad():
@@ -514,19 +515,25 @@ class Engine:
                 self._look_at_nll_input(module, p, target)
 
     def _look_at_nll_input(self, module, p, target) -> None:
-        """NLLLoss given logits (a sweep: raw logits fell to -381 at chance accuracy, and watch passed it): values of
-        both signs, some above NLL_ABOVE, in the rows it scores (ignore_index's rows are not: a review's padding
-        zeroed there). No log-probability is above 0, nor above log(1 + eps) with a floor eps added before the log;
-        all values >= 0 are probabilities (the "probs" look's)."""
+        """NLLLoss given logits (a sweep: raw logits fell to -381 at chance accuracy, and watch passed it): a row it
+        scores (not one ignore_index leaves out: a review's zeroed padding) with values of both signs and a mean above
+        log(1/C + NLL_FLOOR). Log-probabilities' mean over a row is at most log(1/C) (Jensen), at most log(1/C + eps)
+        with a floor eps added before the log, over a subset of the classes less; a log-probability row scaled by a
+        weight keeps one sign. Logits near 0 (a small init) have a mean near 0. The largest such row mean is read."""
         import torch
 
-        if isinstance(target, torch.Tensor) and target.shape == p.shape[:1] + p.shape[2:] and not target.is_floating_point():
-            scored = (target != getattr(module, "ignore_index", -100)).unsqueeze(1).to(p.device)
-            p = p.masked_fill(~scored, -math.inf)
-        top = p.masked_fill(~p.isfinite(), -math.inf).amax()
-        mixed = (top > NLL_ABOVE) & (p.masked_fill(p.isnan(), 0).amin() < 0)
-        self.pending.append(("nllpos", (self.step + 1, type(module).__name__, int(p.shape[1])),
-                             torch.where(mixed, top, torch.zeros_like(top)).reshape(1)))
+        if isinstance(target, torch.Tensor) and target.shape == p.shape[:1] + p.shape[2:] \
+                and not target.is_floating_point() and target.device.type != "meta":
+            scored = (target != getattr(module, "ignore_index", -100)).to(p.device)
+        else:
+            scored = torch.ones(p.shape[:1] + p.shape[2:], dtype=torch.bool, device=p.device)
+        finite = p.isfinite().all(1)
+        x = p.masked_fill(~p.isfinite(), 0)
+        both = (x.amax(1) > 0) & (x.amin(1) < 0) & finite & scored
+        mean = x.mean(1).masked_fill(~both, -math.inf).amax()
+        bound = math.log(1 / p.shape[1] + NLL_FLOOR)
+        self.pending.append(("nllpos", (self.step + 1, type(module).__name__, int(p.shape[1]), bound),
+                             torch.where(mean > bound, mean, torch.full_like(mean, -math.inf)).reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:
         """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint
@@ -690,19 +697,21 @@ class Engine:
             self._seen_since.clear()
 
     def _note_frozen(self) -> None:
-        """(elements, of all elements, names) of the trained models' parameters that require no gradient: flags and
-        sizes only, no device read; kept at each read, as the models may be gone when the report is made."""
+        """(elements, of all elements, names) of the trained models' parameters that require no gradient and that no
+        optimizer holds: flags and sizes only, no device read; kept at each read, as the models may be gone when the
+        report is made."""
         from torch.nn.parameter import is_lazy
 
         count, total, names, seen = 0, 0, [], set()
-        for root in list(self.roots.values()):
+        held = {i for t in self.tracks.values() for i in t.ids}   # an optimizer's: trained (a GAN's discriminator,
+        for root in list(self.roots.values()):                     # frozen for the generator's step: a review)
             prefix = self.root_prefix(root)
             for n, p in inner(root).named_parameters():
                 if id(p) in seen or is_lazy(p):   # (a lazy module's has no size yet)
                     continue
                 seen.add(id(p))
                 total += p.numel()
-                if not p.requires_grad:
+                if not p.requires_grad and id(p) not in held:
                     count += p.numel()
                     names.append(prefix + n)
         if total:
@@ -2426,7 +2435,7 @@ def compiled(root) -> bool:
 
 
 LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
-NLL_ABOVE = 0.05   # an NLLLoss input above this is no log-probability (log(p + eps) is at most log(1 + eps))
+NLL_FLOOR = 0.05   # a floor added to probabilities before their log, at most this, still reads as log-probabilities
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)

@@ -65,14 +65,15 @@ UPDATING = 3e-3        # ... where the updates still move them by this share of 
 
 
 def _frozen(engine) -> str:
-    """The trained models' parameters that require no gradient as of the last read, said (not judged: a frozen
+    """The trained models' parameters that require no gradient and no optimizer holds, as of the last read, said
+    (not judged: a frozen
     backbone is a choice; a layer frozen by mistake was in no table at all: a sweep's 87% of an MLP)."""
     count, total, names = engine.frozen
     if not count:
         return ""
     listed = ", ".join(names[:4]) + (f" … (+{len(names) - 4})" if len(names) > 4 else "")
     return (f"{count:,} of the {total:,} parameter values of the trained models ({count / total:.0%}) require no "
-            f"gradient (requires_grad=False) and are not trained: {listed}")
+            f"gradient (requires_grad=False) and are in no optimizer: {listed}")
 
 
 def window(n: int) -> int:
@@ -1052,7 +1053,7 @@ def _probabilities(result: Result, engine) -> None:
     _dropout_into_loss(result, engine)
     _logits_into_nll(result, engine)   # its own module's: beside another module's probabilities too (a review)
     got = engine.checks.get("probs_into_loss")
-    if not got:
+    if not got or (not got[3] and "logits_into_nll" in engine.checks):   # an NLLLoss's logits once, not twice
         return
     step, loss, classes, logits, *smoothing = got   # the module's label smoothing; unknown from a function's graph
     if logits:
@@ -1076,11 +1077,13 @@ def _probabilities(result: Result, engine) -> None:
 def _logits_into_nll(result: Result, engine) -> None:
     got = engine.checks.get("logits_into_nll")
     if got:
-        step, loss, classes, top = got
+        step, loss, classes, bound, mean = got
         result.add("logits-into-nll", "warning", "", f"{loss} got values that are not log-probabilities at step {step}: "
-                   f"of both signs, up to {top:.3g} over {classes} classes, where a log-probability is at most 0 (raw "
-                   "logits?). NLLLoss only negates the target's value, so on logits it raises that one without bound "
-                   "(the loss falls below 0 and on) and the other classes' values get no gradient",
+                   f"a sample's row of both signs with a mean of {mean:.3g} over {classes} classes, where "
+                   f"log-probabilities' mean is at most log(1/{classes}) = {math.log(1 / classes):.3g} ({bound:.3g} with "
+                   "a floor added before the log) and none is above 0 (raw logits?). NLLLoss only negates the target's "
+                   "value, so on logits it raises that one without bound (the loss falls below 0 and on) and the other "
+                   "classes' values get no gradient",
                    "apply log_softmax over the classes before NLLLoss, or give the logits to CrossEntropyLoss, "
                    "which does both")
 

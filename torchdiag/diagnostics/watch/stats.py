@@ -1172,8 +1172,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         seen = checks.get("probs_into_loss")   # the graph's (function names) gives way to the module's own name
         if vals[0] > 0 and (seen is None or seen[1] in ("cross_entropy", "nll_loss")):
             checks["probs_into_loss"] = payload
-    elif kind == "nllpos":   # an NLLLoss input of both signs, its largest value above 0 (engine._look_at_nll_input)
-        if vals[0] > 0 and "logits_into_nll" not in checks:
+    elif kind == "nllpos":   # an NLLLoss input's row of both signs whose mean no log-probabilities reach
+        if math.isfinite(vals[0]) and "logits_into_nll" not in checks:   # (engine._look_at_nll_input)
             checks["logits_into_nll"] = (*payload, vals[0])
     elif kind == "bn":
         step, names = payload
