@@ -33,6 +33,19 @@ def gpt2_dir(tmp_path, **extra):
     return folder
 
 
+def test_an_hf_override_that_is_no_field_of_the_config_is_said_with_the_nearest(tmp_path, cli):
+    """A sweep: `--arg num_hiden_layers=1` ran the 2-layer model, exit 0, nothing said."""
+    folder = gpt2_dir(tmp_path)
+    r = cli("summary", f"hf:{folder}", "--arg", "n_layr=1", "--arg", "attn_implementation=eager", "--arg",
+            "activation_function=relu", "--depth", "0", "--json")
+    assert r.code == 0, r.stderr
+    assert "; --arg n_layr (did you mean n_layer?): no field of GPT2Config" in r.json["source"], r.json["source"]
+    assert "attn_implementation" not in r.json["source"] and "activation_function" not in r.json["source"]
+    # a value the model refuses as it is built is said with the --arg that gave it (a sweep: "the model's own code")
+    r = cli("summary", f"hf:{folder}", "--arg", "n_head=5")
+    assert r.code == 3 and "(built with --arg n_head=5) raised" in r.stderr, r.stderr
+
+
 def test_hf_config_builds_with_default_token_inputs(tmp_path, cli):
     folder = gpt2_dir(tmp_path)
     r = cli("summary", f"hf:{folder}", "--json")
@@ -324,6 +337,8 @@ def test_zoo_torchvision_detection_never_downloads_a_backbone(cli, monkeypatch):
     assert r.json["inputs"] == ["input[0][0]: 3x320x320 float32"]
     r = cli("summary", "torchvision:resnet18", "--arg", "weights=DEFAULT")
     assert r.code == 2 and "download" in r.stderr
+    r = cli("summary", "torchvision:resnet18", "--arg", "pretrained=true")   # the old spelling (a sweep)
+    assert r.code == 2 and "download" in r.stderr, r.stderr
 
 
 def test_zoo_timm_model_and_nearest_name(cli):

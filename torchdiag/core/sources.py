@@ -129,6 +129,9 @@ def torchvision_source(name: str, kwargs: dict[str, Any]) -> Source:
         raise UsageError(f"torchvision:{name} is built with random weights; --arg weights=... would download them",
                          hint=f"{NO_NETWORK}: save the weights once (torch.save(model.state_dict(), 'w.pt')) and pass --checkpoint w.pt")
     kwargs.pop("weights", None)
+    if kwargs.get("pretrained") not in (None, False, "False", "false"):   # torchvision's old spelling of weights
+        raise UsageError(f"torchvision:{name} is built with random weights; --arg pretrained=... would download them",
+                         hint=f"{NO_NETWORK}: save the weights once (torch.save(model.state_dict(), 'w.pt')) and pass --checkpoint w.pt")
     import inspect
 
     if "weights_backbone" in inspect.signature(models.get_model_builder(name)).parameters:
@@ -323,7 +326,8 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
     def build(**overrides):
         return _from_config(cls, _hf_config(config_dict, config_file, overrides))
 
-    source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
+    source = Source(build, kwargs, f"hf {path}",
+                    header={"source": f"hf:{path} ({how}){origin}{_unknown_keys(config_dict, kwargs, config)}"})
     source.weights = _hf_weights(folder)
     if task is not None and source.weights:   # another head on the saved weights: what from_pretrained starts anew
         source.saved_keys = _saved_keys(config, cls, source.weights)   # and drops (checkpoint.other_head)
@@ -387,6 +391,27 @@ def _hf_config(config_dict: dict, config_file: str, overrides: dict):
                              hint="fix the value in config.json (or the --arg): e.g. \"n_layer\": 2, not \"two\"") from exc
         raise UsageError(f"transformers {transformers.__version__} does not know model_type '{model_type}' ({config_file})",
                          hint="a newer transformers may: pip install -U transformers") from exc
+
+
+def _unknown_keys(config_dict: dict, given: dict, config) -> str:
+    """The --arg keys that are no field of the config class (nor in config.json) and that transformers kept as given:
+    said, not refused (model code may ask for a key of its own with getattr), with the nearest field (a sweep:
+    `--arg num_hiden_layers=1` ran the 2-layer model, exit 0)."""
+    import difflib
+
+    from transformers import CONFIG_MAPPING
+
+    try:
+        default = CONFIG_MAPPING[config_dict.get("model_type")]()
+    except Exception:   # noqa: BLE001 - a config class that cannot be built bare: nothing to compare with
+        return ""
+    odd = [k for k in given if k not in config_dict and not hasattr(default, k) and k in vars(config)]
+    said = []
+    for k in odd:
+        near = difflib.get_close_matches(k, [f for f in vars(default) if not f.startswith("_")], n=1)
+        said.append(f"{k}" + (f" (did you mean {near[0]}?)" if near else ""))
+    return (f"; --arg {', '.join(said)}: no field of {type(default).__name__}, kept on the config as given and read "
+            "only by code that asks for it") if said else ""
 
 
 def _known_type(model_type) -> bool:
@@ -893,7 +918,8 @@ def build(source: Source, device, seed: int | None, spec: str = ""):
     except Exception as exc:
         if host_out_of_memory(exc):
             raise ran_out_building(spec or source.label, exc) from exc
-        raise ModelError(f"building {source.label} raised {one_line(exc)}") from exc
+        given = f" (built with --arg {', '.join(f'{k}={v!r}' for k, v in source.kwargs.items())})" if source.kwargs else ""
+        raise ModelError(f"building {source.label}{given} raised {one_line(exc)}") from exc
     return model, built_on
 
 
