@@ -29,15 +29,10 @@ def hint(ctx, lr_option: bool = True) -> str:
             "summation / stochastic rounding for reduced-precision weights")
 
 
-COUNTS = 6   # numbers stagnation_counts keeps per parameter
-
-
 def stagnation_counts(named, before) -> list:
-    """[(name, COUNTS-element device tensor [unchanged-with-nonzero-grad, nonzero-grad, then Σ|g| and Σg² over
-    each of the two])] for the reduced-precision parameters of `named` that have a gradient; `before` holds their
-    values before the step (under FSDP: this rank's shards, whose counts the caller sums over the ranks). The sums
-    weigh an element by what its step would have done to the loss to first order: |g| under an adaptive step (about
-    lr each), g² under a plain one (lr·g each); the elements that round away are those of the smallest steps."""
+    """[(name, 2-element device tensor [unchanged-with-nonzero-grad, nonzero-grad])] for the reduced-
+    precision parameters of `named` that have a gradient; `before` holds their values before the step
+    (under FSDP: this rank's shards, whose counts the caller sums over the ranks)."""
     import torch
 
     out = []
@@ -49,27 +44,16 @@ def stagnation_counts(named, before) -> list:
             continue
         moving = grad != 0
         stuck = moving & (value == before[n])
-        g = grad.float().abs()
-        counts = [stuck.sum(), moving.sum(), (g * stuck).sum(), g.sum(), (g * g * stuck).sum(), (g * g).sum()]
-        out.append((n, torch.stack([c.float() for c in counts])))
+        out.append((n, torch.stack([stuck.sum(), moving.sum()])))
     return out
-
-
-def effect_share(values: list[float], adaptive: bool) -> float:
-    """Of the first-order effect on the loss of the step over all the counted parameters (stagnation_counts' values,
-    COUNTS a parameter), the share that rounded away: |g|-weighted under an adaptive optimizer, g² under a plain one
-    (nan where none moved)."""
-    at = 2 if adaptive else 4
-    lost, whole = sum(values[at::COUNTS]), sum(values[at + 1::COUNTS])
-    return lost / whole if whole > 0 else math.nan
 
 
 def rounded_away(names: list[str], values: list[float], dtypes: dict[str, str]) -> list[dict]:
     """The parameters at or over STAGNANT_FRACTION: rows {name, dtype, unchanged, moving, fraction},
-    worst first. `values` holds the read-back counts, COUNTS per name."""
+    worst first. `values` holds the read-back counts, two per name."""
     rows = []
     for i, n in enumerate(names):
-        stuck, moving = int(values[COUNTS * i]), int(values[COUNTS * i + 1])
+        stuck, moving = int(values[2 * i]), int(values[2 * i + 1])
         if moving and stuck / moving >= STAGNANT_FRACTION:
             rows.append({"name": n, "dtype": dtypes[n], "unchanged": stuck, "moving": moving,
                          "fraction": stuck / moving})

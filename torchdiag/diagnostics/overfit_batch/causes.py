@@ -28,7 +28,6 @@ class Causes:
     rounding: list | None = None     # core.rounding rows: reduced-precision weights whose update rounded away
     rounded_at: int = 0              # ... at this step (0: the first)
     moving: int = 0                  # ... of the elements with a non-zero gradient at that step (every reduced one)
-    lost: float = math.nan           # ... the share of that step's first-order effect on the loss that rounded away
     skip_culprit: tuple | None = None   # (module, how) of the first non-finite gradient when fp16 skipped every update
     own_floor: bool = False          # a custom loss at a minimum of its own: scaling the output does not lower it
     scaled: tuple | None = None      # (k, loss at k × output, loss): a custom loss the trained output's scale holds back
@@ -272,12 +271,12 @@ def diagnose(trainer, curve, opts) -> Causes:
     step = curve.step
     changed, ever_nonzero = trainer.final_flags() if step > 0 else ([], [])
     names = [n for n, _ in trainer.trainable]
-    rounding, rounded_at, moving, lost = _rounding(trainer) if step > 0 else ([], 0, 0, math.nan)
+    rounding, rounded_at, moving = _rounding(trainer) if step > 0 else ([], 0, 0)
     stuck = {r["name"] for r in rounding}     # never changed because the update rounds away: said once, there
     causes = Causes(
         unchanged=[n for n, moved in zip(names, changed) if not moved and n not in stuck],
         zero=[n for n, nonzero in zip(names, ever_nonzero) if not nonzero and n not in curve.missing],
-        rounding=rounding, rounded_at=rounded_at, moving=moving, lost=lost)
+        rounding=rounding, rounded_at=rounded_at, moving=moving)
     if curve.skipped and all(curve.skipped) and not curve.interrupted:
         causes.skip_culprit = _skip_culprit(trainer, curve)
     failed_plainly = not curve.interrupted and not curve.no_graph and curve.nonfinite_at is None \
@@ -298,25 +297,23 @@ def diagnose(trainer, curve, opts) -> Causes:
     return causes
 
 
-def _rounding(trainer) -> tuple[list[dict], int, int, float]:
+def _rounding(trainer) -> tuple[list[dict], int, int]:
     """Reduced-precision weights whose update mostly rounded away (counts read in final_flags), at the first step or
     at the latest later one counted, whichever left more elements unchanged; that step (0: the first); and how many
     elements had a non-zero gradient there (the share that can stop a fall is of those: an EmbeddingBag's rows the
     batch never reads made it 22x too small, a new user's bfloat16 run "too few to stop the fall" with every
-    element that had a gradient unchanged); and the share of that step's first-order effect on the loss that
-    rounded away (core.rounding.effect_share: the elements that round away are those of the smallest steps)."""
-    from ...core.rounding import COUNTS, effect_share, rounded_away
+    element that had a gradient unchanged)."""
+    from ...core.rounding import rounded_away
 
     params = dict(trainer.trainable)
-    adaptive = trainer.ctx.spec.optimizer.name in ("adam", "adamw")
-    best: tuple[list[dict], int, int, float] = ([], 0, 0, math.nan)
+    best: tuple[list[dict], int, int] = ([], 0, 0)
     for step, counted, values in ((0, trainer.stagnation, trainer.stagnant_counts),
                                   (trainer.late[0], trainer.late[1], trainer.late_counts)):
         names = [n for n, _ in counted]
         dtypes = {n: str(params[n].dtype).replace("torch.", "") for n in names}
         rows = rounded_away(names, values, dtypes) if names else []
         if sum(r["unchanged"] for r in rows) > sum(r["unchanged"] for r in best[0]):
-            best = (rows, step, int(sum(values[1::COUNTS])), effect_share(values, adaptive))
+            best = (rows, step, int(sum(values[1::2])))
     return best
 
 

@@ -473,7 +473,7 @@ class Trainer:
         parts = [torch.stack(changed).to(ever.device, wide), ever.to(wide)]
         parts += [c.to(ever.device, wide) for _, c in self.stagnation + self.late[1]]
         flags = torch.cat(parts).tolist()
-        k, first = len(self.trainable), sum(c.numel() for _, c in self.stagnation)
+        k, first = len(self.trainable), 2 * len(self.stagnation)
         self.stagnant_counts, self.late_counts = flags[2 * k:2 * k + first], flags[2 * k + first:]
         return [bool(f) for f in flags[:k]], [bool(f) for f in flags[k:2 * k]]
 
