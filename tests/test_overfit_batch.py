@@ -1784,7 +1784,7 @@ def test_a_cause_that_has_not_stopped_the_fall_is_not_an_error():
         [(f.code, f.message) for f in r.findings]
     # 71 of the 2,948 elements: too few to stop the fall alone (a sweep's bfloat16 LLaMA, its norm
     # gains, reached --target-ratio 0.1 at step 192 of a --steps 100 run called cannot-overfit)
-    assert r.exit_code == 0 and any("too little to stop the fall alone" in n for n in r.notes), r.notes
+    assert r.exit_code == 0 and any("too few to stop the fall alone" in n for n in r.notes), r.notes
     assert run("overfit-batch", model(), x, dtype="bfloat16", steps=60, lr=3e-3).data["passed"]
 
 
@@ -1959,7 +1959,7 @@ def test_updates_that_round_away_later_in_the_run_are_counted_there():
     (f,) = [f for f in r.findings if f.code == "update-rounds-away"]
     assert r.exit_code == 1 and "after Adam step 513" in f.message, f.message
     assert sum(row["unchanged"] for row in r.data["rounded_away"]) > 0.5 * 650
-    assert not any("too little to stop the fall" in n for n in r.notes), r.notes
+    assert not any("too few to stop the fall" in n for n in r.notes), r.notes
     assert run("overfit-batch", model(), x, steps=600).data["best_loss"] < 0.7 * r.data["final_loss"]
 
 
