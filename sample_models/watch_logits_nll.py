@@ -5,7 +5,8 @@ yet no value is above log(1.01)); `--padded` gives log-probabilities whose padde
 (their targets ignore_index); `--both` adds a second loss, a softmax's output given to CrossEntropyLoss (two bugs);
 `--small` starts the logits near 0 (a head initialised at std 1e-3: no value above 0.05); `--aux` calls three
 auxiliary CrossEntropyLoss modules first; `--weighted` gives log-probabilities scaled by a per-sample weight of
-either sign (REINFORCE written with NLLLoss: not logits)."""
+either sign (REINFORCE written with NLLLoss: not logits); `--masked` masks class 3 to -inf in the logits (a
+review: such rows were skipped), `--masked-logp` in the logits before a log_softmax (log-probabilities)."""
 import argparse
 
 import torch
@@ -22,6 +23,8 @@ def main():
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--aux", action="store_true")
     ap.add_argument("--weighted", action="store_true")
+    ap.add_argument("--masked", action="store_true")
+    ap.add_argument("--masked-logp", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     layers = [nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)]
@@ -37,7 +40,10 @@ def main():
     w = torch.randn(8, 4)
     for _ in range(args.steps):
         x = torch.randn(32, 8)
-        out, y = model(x), (x @ w).argmax(1)
+        out, y = model(x), (x @ w)[:, :3].argmax(1) if args.masked or args.masked_logp else (x @ w).argmax(1)
+        if args.masked or args.masked_logp:   # class 3 is never a target: masked out
+            out = out.masked_fill(torch.arange(4) == 3, float("-inf"))
+            out = out.log_softmax(1) if args.masked_logp else out
         if args.padded:   # the last 8 rows are padding: zeroed, and not scored
             pad = torch.arange(32) >= 24
             out, y = out.masked_fill(pad[:, None], 0.0), y.masked_fill(pad, -100)

@@ -407,6 +407,12 @@ def test_roles_by_convention():
     assert B.find_roles(Pair(x, ("a", "b"))).how == "name holds a tuple of str, not a tensor: no target read"
     several = B.find_roles((x, (y, y)))
     assert several.target is None and several.how == "[1] holds 2 tensors ([1][0], [1][1]): no single target read"
+    # a review: the one tensor under a target key is the target; a string label field is not passed over for the next
+    nested = B.find_roles({"x": x, "target": {"cls": y}})
+    assert nested.target == "target.cls" and nested.how == "dict key 'target' (the one tensor in it)"
+    Triple = collections.namedtuple("Triple", "x idx label")
+    triple = B.find_roles(Triple(x, y, ("a", "b")))
+    assert triple.target is None and triple.how == "field 'label' holds a tuple of str, not a tensor: no target read"
 
 
 # ---- order and batches ----------------------------------------------------------------------------------

@@ -41,6 +41,14 @@ def test_an_hf_override_that_is_no_field_of_the_config_is_said_with_the_nearest(
     assert r.code == 0, r.stderr
     assert "; --arg n_layr (did you mean n_layer?): no field of GPT2Config" in r.json["source"], r.json["source"]
     assert "attn_implementation" not in r.json["source"] and "activation_function" not in r.json["source"]
+    # a review: an override transformers reads and drops (llama's rope_theta beside the file's rope_parameters)
+    llama = tmp_path / "llama"
+    transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                             intermediate_size=64, vocab_size=100).save_pretrained(llama)
+    r = cli("summary", f"hf:{llama}", "--arg", "rope_theta=500000", "--arg", "hidden_act=relu", "--depth", "0",
+            "--json")
+    assert r.code == 0 and "--arg rope_theta changed nothing in the config" in r.json["source"], r.json["source"]
+    assert "hidden_act" not in r.json["source"]
     # a value the model refuses as it is built is said with the --arg that gave it (a sweep: "the model's own code")
     r = cli("summary", f"hf:{folder}", "--arg", "n_head=5")
     assert r.code == 3 and "(built with --arg n_head=5) raised" in r.stderr, r.stderr
@@ -339,6 +347,7 @@ def test_zoo_torchvision_detection_never_downloads_a_backbone(cli, monkeypatch):
     assert r.code == 2 and "download" in r.stderr
     r = cli("summary", "torchvision:resnet18", "--arg", "pretrained=true")   # the old spelling (a sweep)
     assert r.code == 2 and "download" in r.stderr, r.stderr
+    assert cli("summary", "torchvision:resnet18", "--arg", "pretrained=false", "--depth", "0").code == 0
 
 
 def test_zoo_timm_model_and_nearest_name(cli):

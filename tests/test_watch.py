@@ -1713,7 +1713,8 @@ def test_parameters_that_require_no_gradient_are_said_in_the_header(frozen):
     assert "(87%)" in said and said.endswith("0.weight, 0.bias"), said
 
 
-@pytest.mark.parametrize("variant", ["logits", "fixed", "log", "padded", "both", "small", "aux", "weighted"])
+@pytest.mark.parametrize("variant", ["logits", "fixed", "log", "padded", "both", "small", "aux", "weighted", "masked",
+                                     "masked-logp"])
 def test_raw_logits_into_nll_loss_are_found_from_its_input(variant):
     """A sweep: nn.NLLLoss on raw logits fell to -381 at chance accuracy and watch passed it. No log-probability is
     above 0 (above log(1 + eps) with a floor eps added before the log: a review's log(p + 1e-6) over 32k classes
@@ -1721,12 +1722,14 @@ def test_raw_logits_into_nll_loss_are_found_from_its_input(variant):
     A review: logits near 0 (no value above 0.05) were missed, and three auxiliary losses used up the NLLLoss's own
     looks; log-probabilities scaled per sample by a weight of either sign keep one sign a row: not logits."""
     r = script("watch_logits_nll", *([f"--{variant}"] if variant != "logits" else []))
-    if variant not in ("logits", "both", "small", "aux"):
+    if variant not in ("logits", "both", "small", "aux", "masked"):
         assert codes(r) == set(), [f.to_dict() for f in r.findings]
         return
     f = finding(r, "logits-into-nll")
     assert f.severity == "warning" and "NLLLoss got values that are not log-probabilities at step 1" in f.message
-    assert "a sample's row of both signs with a mean of " in f.message and "log(1/4) = -1.39" in f.message
+    assert "a sample's row of both signs with a mean of " in f.message, f.message
+    assert ("the 3 finite values of its 4 classes" in f.message and "log(1/3) = -1.1" in f.message) if variant == \
+        "masked" else "over 4 classes, where log-probabilities' mean is at most log(1/4) = -1.39" in f.message
     assert "log_softmax" in f.hint and r.exit_code == 0
     # said beside another loss module's probabilities (a review: the one hid the other)
     both = {"logits-into-nll", "probabilities-into-loss"} if variant == "both" else {"logits-into-nll"}

@@ -138,6 +138,9 @@ def _conventional_target(batch, kind: str, names: list[str]) -> tuple[str | None
         for key in TARGET_KEYS:
             if key in names:
                 return key, f"field '{key}'"
+        for key in TARGET_KEYS:   # a target field that is no tensor is no reason to take the next (a review)
+            if key in fields:
+                return _one_under(f"field '{key}'", getattr(batch, key), names, key)
         if len(fields) >= 2 and fields[1] in names:
             return fields[1], "(inputs, target) namedtuple"
     if kind == "dict":
@@ -146,25 +149,29 @@ def _conventional_target(batch, kind: str, names: list[str]) -> tuple[str | None
                 return key, f"dict key '{key}'"
         for key in TARGET_KEYS:   # a review: a `label` key of strings was "no dict key named like a target"
             if key in batch:
-                return None, _not_read(f"dict key '{key}'", batch[key], names, key)
+                return _one_under(f"dict key '{key}'", batch[key], names, key)
         return None, "no dict key named like a target (" + "/".join(TARGET_KEYS[:5]) + ")"
     if kind == "tuple":
         if len(batch) >= 2 and "[1]" in names:
             return "[1]", "(inputs, target) tuple"
         if len(batch) >= 2:   # a sweep: class names as strings were "a 1-tuple: no target"
             top = _tops(batch)[1]
-            return None, _not_read(top if fields else "[1]", batch[1], names, top)
+            return _one_under(top if fields else "[1]", batch[1], names, top)
         return None, "a 1-tuple: no target"
     return None, "a lone tensor: no target"
 
 
-def _not_read(what: str, value, names: list[str], top: str) -> str:
-    """Why the field where a target would be gives none: tensors nested in it (several targets: one is named with
-    --target-field), or no tensor at all (class names left as strings)."""
+def _one_under(what: str, value, names: list[str], top: str) -> tuple[str | None, str]:
+    """The target in the field where one would be, that holds no tensor itself: the one tensor nested in it (a
+    review: `{"target": {"cls": y}}`), or none and why: several (one is named with --target-field), or no tensor at
+    all (class names left as strings)."""
     inner = [n for n in names if n.startswith(top + ".") or n.startswith(top + "[")]
+    if len(inner) == 1:
+        return inner[0], f"{what} (the one tensor in it)"
     if inner:
-        return f"{what} holds {len(inner)} tensors ({', '.join(inner[:3])}{' …' if len(inner) > 3 else ''}): no single target read"
-    return f"{what} holds {_kind_of(value)}, not a tensor: no target read"
+        return None, (f"{what} holds {len(inner)} tensors ({', '.join(inner[:3])}{' …' if len(inner) > 3 else ''}): "
+                      "no single target read")
+    return None, f"{what} holds {_kind_of(value)}, not a tensor: no target read"
 
 
 def _kind_of(value) -> str:

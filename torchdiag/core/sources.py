@@ -129,7 +129,7 @@ def torchvision_source(name: str, kwargs: dict[str, Any]) -> Source:
         raise UsageError(f"torchvision:{name} is built with random weights; --arg weights=... would download them",
                          hint=f"{NO_NETWORK}: save the weights once (torch.save(model.state_dict(), 'w.pt')) and pass --checkpoint w.pt")
     kwargs.pop("weights", None)
-    if kwargs.get("pretrained") not in (None, False, "False", "false"):   # torchvision's old spelling of weights
+    if kwargs.pop("pretrained", None) not in (None, False, "False", "false"):   # torchvision's old spelling of weights
         raise UsageError(f"torchvision:{name} is built with random weights; --arg pretrained=... would download them",
                          hint=f"{NO_NETWORK}: save the weights once (torch.save(model.state_dict(), 'w.pt')) and pass --checkpoint w.pt")
     import inspect
@@ -410,8 +410,33 @@ def _unknown_keys(config_dict: dict, given: dict, config) -> str:
     for k in odd:
         near = difflib.get_close_matches(k, [f for f in vars(default) if not f.startswith("_")], n=1)
         said.append(f"{k}" + (f" (did you mean {near[0]}?)" if near else ""))
-    return (f"; --arg {', '.join(said)}: no field of {type(default).__name__}, kept on the config as given and read "
-            "only by code that asks for it") if said else ""
+    out = (f"; --arg {', '.join(said)}: no field of {type(default).__name__}, kept on the config as given and read "
+           "only by code that asks for it") if said else ""
+    inert = _inert_keys(config_dict, {k: v for k, v in given.items() if k not in odd})
+    return out + (f"; --arg {', '.join(inert)} changed nothing in the config: it holds that value already, or "
+                  "transformers keeps one config.json gives elsewhere (a nested setting such as rope_parameters: set "
+                  "it there)" if inert else "")
+
+
+def _inert_keys(config_dict: dict, given: dict) -> list[str]:
+    """The --arg keys whose config, built with each alone, is the config.json's own (transformers read the key and
+    kept another value: llama's rope_theta where the file has rope_parameters)."""
+    from transformers import AutoConfig
+
+    values = {k: v for k, v in config_dict.items() if k != "model_type"}
+    try:
+        plain = vars(AutoConfig.for_model(config_dict["model_type"], **values))   # (to_dict leaves out private
+        # fields that take effect: attn_implementation's)
+    except Exception:   # noqa: BLE001 - the real build says what is wrong
+        return []
+    out = []
+    for k, v in given.items():
+        try:
+            if vars(AutoConfig.for_model(config_dict["model_type"], **{**values, k: v})) == plain:
+                out.append(k)
+        except Exception:   # noqa: BLE001 - as above
+            continue
+    return out
 
 
 def _known_type(model_type) -> bool:

@@ -516,10 +516,12 @@ class Engine:
 
     def _look_at_nll_input(self, module, p, target) -> None:
         """NLLLoss given logits (a sweep: raw logits fell to -381 at chance accuracy, and watch passed it): a row it
-        scores (not one ignore_index leaves out: a review's zeroed padding) with values of both signs and a mean above
-        log(1/C + NLL_FLOOR). Log-probabilities' mean over a row is at most log(1/C) (Jensen), at most log(1/C + eps)
-        with a floor eps added before the log, over a subset of the classes less; a log-probability row scaled by a
-        weight keeps one sign. Logits near 0 (a small init) have a mean near 0. The largest such row mean is read."""
+        scores (not one ignore_index leaves out: a review's zeroed padding) whose finite values have both signs and a
+        mean above log(1/k + NLL_FLOOR), k of them. Log-probabilities' mean over k classes is at most log(1/k)
+        (Jensen: their probabilities sum to at most 1), log(1/k + eps) with a floor eps added before the log; a
+        log-probability row scaled by a weight keeps one sign. Logits near 0 (a small init) have a mean near 0, and
+        a class masked to -inf leaves the others' (a review). The worst row's excess over its bound is read, its mean
+        and k with it."""
         import torch
 
         if isinstance(target, torch.Tensor) and target.shape == p.shape[:1] + p.shape[2:] \
@@ -527,13 +529,15 @@ class Engine:
             scored = (target != getattr(module, "ignore_index", -100)).to(p.device)
         else:
             scored = torch.ones(p.shape[:1] + p.shape[2:], dtype=torch.bool, device=p.device)
-        finite = p.isfinite().all(1)
-        x = p.masked_fill(~p.isfinite(), 0)
-        both = (x.amax(1) > 0) & (x.amin(1) < 0) & finite & scored
-        mean = x.mean(1).masked_fill(~both, -math.inf).amax()
-        bound = math.log(1 / p.shape[1] + NLL_FLOOR)
-        self.pending.append(("nllpos", (self.step + 1, type(module).__name__, int(p.shape[1]), bound),
-                             torch.where(mean > bound, mean, torch.full_like(mean, -math.inf)).reshape(1)))
+        finite = p.isfinite()
+        k = finite.sum(1)
+        x = p.masked_fill(~finite, 0)
+        both = (x.amax(1) > 0) & (p.masked_fill(~finite, 0).amin(1) < 0) & scored & (k > 0)
+        mean = x.sum(1) / k.clamp_min(1)
+        excess = (mean - (1 / k.clamp_min(1) + NLL_FLOOR).log()).masked_fill(~both, -math.inf).reshape(-1)
+        at = excess.argmax()
+        read = torch.stack([excess[at], mean.reshape(-1)[at], k.reshape(-1)[at].to(mean.dtype)])
+        self.pending.append(("nllpos", (self.step + 1, type(module).__name__, int(p.shape[1])), read))
 
     def _look_at_input_scale(self, args) -> None:
         """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint

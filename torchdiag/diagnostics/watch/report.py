@@ -1077,11 +1077,14 @@ def _probabilities(result: Result, engine) -> None:
 def _logits_into_nll(result: Result, engine) -> None:
     got = engine.checks.get("logits_into_nll")
     if got:
-        step, loss, classes, bound, mean = got
+        from .engine import NLL_FLOOR
+
+        step, loss, classes, mean, k = got
+        over = f"{classes} classes" if k == classes else f"the {k} finite values of its {classes} classes"
         result.add("logits-into-nll", "warning", "", f"{loss} got values that are not log-probabilities at step {step}: "
-                   f"a sample's row of both signs with a mean of {mean:.3g} over {classes} classes, where "
-                   f"log-probabilities' mean is at most log(1/{classes}) = {math.log(1 / classes):.3g} ({bound:.3g} with "
-                   "a floor added before the log) and none is above 0 (raw logits?). NLLLoss only negates the target's "
+                   f"a sample's row of both signs with a mean of {mean:.3g} over {over}, where log-probabilities' mean "
+                   f"is at most log(1/{k}) = {math.log(1 / k):.3g} ({math.log(1 / k + NLL_FLOOR):.3g} with a floor of up "
+                   f"to {NLL_FLOOR:g} added before the log) and none is above 0 (raw logits?). NLLLoss only negates the target's "
                    "value, so on logits it raises that one without bound (the loss falls below 0 and on) and the other "
                    "classes' values get no gradient",
                    "apply log_softmax over the classes before NLLLoss, or give the logits to CrossEntropyLoss, "

@@ -1173,8 +1173,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         if vals[0] > 0 and (seen is None or seen[1] in ("cross_entropy", "nll_loss")):
             checks["probs_into_loss"] = payload
     elif kind == "nllpos":   # an NLLLoss input's row of both signs whose mean no log-probabilities reach
-        if math.isfinite(vals[0]) and "logits_into_nll" not in checks:   # (engine._look_at_nll_input)
-            checks["logits_into_nll"] = (*payload, vals[0])
+        if vals[0] > 0 and "logits_into_nll" not in checks:   # (engine._look_at_nll_input): its mean, its k
+            checks["logits_into_nll"] = (*payload, vals[1], int(vals[2]))
     elif kind == "bn":
         step, names = payload
         for name, v in zip(names, vals):
