@@ -18,3 +18,15 @@ def last_batch_of_one():
 
 def batchnorm_model():
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def drop_last_shuffled():
+    """97 samples, batches of 32, drop_last=True: 3 batches an epoch, 1 sample left out, drawn anew each epoch."""
+    x = torch.randn(97, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    return DataLoader(TensorDataset(x, torch.arange(97) % 4), batch_size=32, shuffle=True, drop_last=True)
+
+
+def drop_last_sequential():
+    """The same in order: the last sample is never trained on."""
+    x = torch.randn(97, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    return DataLoader(TensorDataset(x, torch.arange(97) % 4), batch_size=32, shuffle=False, drop_last=True)

@@ -432,6 +432,17 @@ def test_unshuffled_training_loader():
                                 "at least that long)"), f.message
 
 
+@pytest.mark.parametrize("order", ["shuffled", "sequential"])
+def test_a_drop_last_loader_says_what_an_epoch_leaves_out(order):
+    """A sweep: "97 samples in 4 batches" of a loader that gives 3 batches of 32 (the scan reads the data set)."""
+    r = run(f"data_order.py:drop_last_{order}")
+    split = dict(r.summary)["Train split"]
+    assert "the loader gives 3 batches of 32 an epoch (drop_last=True), leaving out 1 sample(s) " in split, split
+    assert ("drawn anew each epoch" in split) == (order == "shuffled"), split
+    assert ("never trained on" in split) == (order == "sequential"), split
+    assert "drop_last" not in dict(run("data_order.py:sorted_labels").summary)["Train split"]
+
+
 def test_last_batch_of_one():
     f = one(run("data_order.py:last_batch_of_one"), "last-batch-of-one")
     assert f.severity == "info" and "161 samples in batches of 32" in f.message

@@ -134,6 +134,25 @@ def _tables(r: Result, st) -> None:
         r.tables.append(Table("loader_timings", "Loader speed", cols, timings))
 
 
+def _dropped(data) -> str:
+    """A loader with drop_last=True yields fewer samples an epoch than the data set holds, which is what the scan
+    reads (a sweep: "97 samples in 4 batches" of a loader giving 3 batches of 32)."""
+    loader = getattr(data, "obj", None) if getattr(data, "kind", "") == "dataloader" else None
+    bs = getattr(loader, "batch_size", None)
+    if loader is None or not getattr(loader, "drop_last", False) or not bs:
+        return ""
+    try:
+        n = len(loader.sampler)
+    except TypeError:
+        return ""
+    left = n % bs
+    if not left:
+        return ""
+    shuffled = type(loader.sampler).__name__ != "SequentialSampler"
+    return (f"; the loader gives {n // bs} batches of {bs} an epoch (drop_last=True), leaving out {left} sample(s) "
+            + ("drawn anew each epoch" if shuffled else "(the same ones every epoch: never trained on)"))
+
+
 def _pictures(r: Result, st) -> None:
     if not st.opts.pictures:
         return
@@ -146,7 +165,7 @@ def _summary(r: Result, st) -> None:
     for split, s in st.scans.items():
         of = f" of {s.total:,}" + (" (a random subset)" if s.subset else "") if s.total else ""
         r.summary.append((f"{split.capitalize()} split", f"{s.samples:,} samples{of} in {s.batches} batches, "
-                                                         f"read in {s.seconds:.2f} s"))
+                                                         f"read in {s.seconds:.2f} s" + _dropped(getattr(st, split))))
     p = st.probe
     if p is not None and p.batches_per_s:
         r.summary.append(("Loader as configured", f"first batch {p.first_batch_s:.3f} s, then {p.batches_per_s:.1f} "
