@@ -532,7 +532,7 @@ class Engine:
         finite = p.isfinite()
         k = finite.sum(1)
         x = p.masked_fill(~finite, 0)
-        both = (x.amax(1) > 0) & (p.masked_fill(~finite, 0).amin(1) < 0) & scored & (k > 0)
+        both = (x.amax(1) > 0) & (x.amin(1) < 0) & scored & (k > 0)
         mean = x.sum(1) / k.clamp_min(1)
         excess = (mean - (1 / k.clamp_min(1) + NLL_FLOOR).log()).masked_fill(~both, -math.inf).reshape(-1)
         at = excess.argmax()
