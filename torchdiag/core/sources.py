@@ -421,20 +421,16 @@ def _unknown_keys(config_dict: dict, given: dict, config) -> str:
 def _inert_keys(config_dict: dict, given: dict) -> list[str]:
     """The --arg keys whose config, built with each alone, is the config.json's own (transformers read the key and
     kept another value: llama's rope_theta where the file has rope_parameters)."""
-    from transformers import AutoConfig
-
-    values = {k: v for k, v in config_dict.items() if k != "model_type"}
-    try:
-        plain = vars(AutoConfig.for_model(config_dict["model_type"], **values))   # (to_dict leaves out private
-        # fields that take effect: attn_implementation's)
-    except Exception:   # noqa: BLE001 - the real build says what is wrong
+    try:   # vars: to_dict leaves out private fields that take effect (attn_implementation's)
+        plain = vars(_hf_config(config_dict, "config.json", {}))
+    except UsageError:   # the real build says what is wrong
         return []
     out = []
     for k, v in given.items():
         try:
-            if vars(AutoConfig.for_model(config_dict["model_type"], **{**values, k: v})) == plain:
+            if vars(_hf_config(config_dict, "config.json", {k: v})) == plain:
                 out.append(k)
-        except Exception:   # noqa: BLE001 - as above
+        except UsageError:   # as above
             continue
     return out
 
