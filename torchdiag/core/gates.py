@@ -271,9 +271,7 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
     losses, read = read[len(read) - len(run):], read[:len(read) - len(run)]
     k = len(flags) + TAIL         # each measure pass ends with the whole gradient's norm, the outputs', the loss
     (q0, (g0, o0, l0)), (qk, (gk, ok, lk)) = [(read[i:i + k - TAIL], read[i + k - TAIL:i + k]) for i in (0, k)]
-    out_fall = o0 / ok if o0 > 0 and ok > 0 else math.nan
-    if abs(out_fall - 1.0) <= 1e-6:   # a constant gradient: the outputs are the loss's terms (per-sample losses)
-        out_fall = math.nan
+    out_fall = output_fall(o0, ok)
     mv = dict(zip(moved, read[2 * k:2 * k + len(moved)]))
     grown = [n for (n, _), g in zip(cands, read[2 * k + len(moved):]) if g > 0]
     # the same batch is fitted fast (a loss of 7 falls below 0.2 in one Adam step at batch 2): every
@@ -311,6 +309,13 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
     return Recheck(verdicts, steps, used, grown, eps=eps, invariance=how)
 
 
+def output_fall(o0: float, ok: float) -> float:
+    """How many times the gradient reaching the outputs fell from `o0` to `ok` (nan when either is 0, or when it did
+    not move at all: a constant gradient, the outputs the loss's own terms, per-sample losses)."""
+    fall = o0 / ok if o0 > 0 and ok > 0 else math.nan
+    return math.nan if abs(fall - 1.0) <= 1e-6 else fall
+
+
 def earlier_step(v: Verdict, grads: list[float], outs: list[float], o0: float, l0: float, losses: list[float]) -> None:
     """An exploding gradient the last step left large may have come back at an earlier step: Adam on one batch
     overshoots and returns, so the last step is one draw of an oscillation (torchvision SSD300's head: grad norm 1609
@@ -323,7 +328,7 @@ def earlier_step(v: Verdict, grads: list[float], outs: list[float], o0: float, l
     if v.resolved or not math.isfinite(loss_fell(l0, losses)) or not v.after <= v.before:
         return
     for k, (b, o) in enumerate(zip(grads, outs)):
-        fall = o0 / o if v.flag.tiny and o0 > 0 and o > 0 and abs(o0 / o - 1.0) > 1e-6 else math.nan
+        fall = output_fall(o0, o) if v.flag.tiny else math.nan
         if _resolved(v.flag, b, 0.0) and transient(v.before, b, loss_fell(l0, losses[:k + 1]), fall):
             v.after, v.at, v.resolved, v.grew, v.losses = b, k + 1, True, True, (l0, losses[k])
             v.output_fall = fall
