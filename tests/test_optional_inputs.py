@@ -594,3 +594,60 @@ def test_a_per_sample_size_is_also_tried_as_one_row_for_a_batch():
     assert specs[:4] == ["target_sizes=2x2:int64~each=2,2", "target_sizes=2x2:int64~each=8,8",
                          "target_sizes=1x2:int64~each=2,2", "target_sizes=1x2:int64~each=8,8"]
     assert hf_inputs.optional_specs("target_sizes", ("1x3x8x8:float32",), model)[2] != "target_sizes=1x2:int64~each=2,2"
+
+
+class MarksGlobal(nn.Module):
+    """Longformer's question-answering head in small: positions its optional mask marks take the `wide` branch,
+    the others the `local` one, and the forward refuses to run without the mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace()
+        self.emb, self.local, self.wide = nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, input_ids, global_mask=None):
+        if global_mask is None:
+            raise ValueError("`global_mask` cannot be `None`")
+        h = self.emb(input_ids)
+        marked = global_mask.unsqueeze(-1).bool()
+        return torch.where(marked, self.wide(h), self.local(h))
+
+
+class MasksPadding(MarksGlobal):
+    """The same mask read as padding: every parameter gets a gradient under all ones."""
+
+    def forward(self, input_ids, global_mask=None):
+        if global_mask is None:
+            raise ValueError("`global_mask` cannot be `None`")
+        h = self.emb(input_ids)
+        return (self.wide(h) + self.local(h)) * global_mask.unsqueeze(-1)
+
+
+def test_an_added_mask_of_all_ones_that_leaves_parameters_without_gradient_marks_half_instead():
+    # Longformer's QA head: an all-ones global_attention_mask made every token global, and its local query, key and
+    # value got no gradient (doctor's param-not-updated error on a healthy model); ones on the first half reach them
+
+    model = MarksGlobal()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = first_run(loaded(model, "2x8:int64"))
+    mask = got.kwargs["global_mask"]
+    assert mask.shape == (2, 8) and mask[:, :4].eq(1).all() and mask[:, 4:].eq(0).all()
+    assert "global_mask: ones on the first half of each row (all ones left 2 parameter(s) without a gradient)" \
+        in got.notes
+    assert all(p.grad is None for p in model.parameters())   # the comparison wrote no gradient
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # the same mask read as padding keeps its ones: half reaches no more parameters
+    kept = first_run(loaded(MasksPadding(), "2x8:int64")).kwargs["global_mask"]
+    assert kept.eq(1).all()
+
+
+def test_longformer_question_answering_trains_every_attention_projection_by_default(tmp_path, cli):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LongformerConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                        intermediate_size=64, attention_window=[8], max_position_embeddings=80,
+                                        vocab_size=100)
+    cfg.architectures = ["LongformerForQuestionAnswering"]
+    cfg.save_pretrained(tmp_path / "lf")
+    r = cli("doctor", f"hf:{tmp_path / 'lf'}", "--json")
+    assert "global_attention_mask added: optional in the forward" in r.json["input_source"]
+    assert r.code == 0, [(f["code"], f["where"]) for f in r.json["findings"] if f["severity"] != "info"]

@@ -602,6 +602,9 @@ def make(spec: str, device, generator):
                          hint="give the inputs with -i, or a config with smaller sizes")
     if fill == "ones":
         return torch.ones(shape, dtype=dt, device=device)
+    if fill == "half":   # ones on the first half of the last dimension, zeros after (a mask that marks some)
+        row = (torch.arange(shape[-1] if shape else 1) < ((shape[-1] + 1) // 2 if shape else 1)).to(dt)
+        return row.expand(shape).clone().to(device)
     if fill == "boxes":   # a box per token, the tokens read as lines of text (see _token_boxes)
         return _token_boxes(shape, dt).to(device)
     if fill and fill.startswith("arange="):   # ids start, start + 1, ... along the last dimension

@@ -175,6 +175,7 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                         inputs = spec_inputs(grown, loaded, device, seed)
                         got = probe(loaded.model, prepare(inputs) if prepare else inputs, dtype)
                     if got.out is not None and not blank_rank(got.out):
+                        inputs, grown = _marking_some(grown, inputs, loaded, device, seed, prepare)
                         which = f"; layout {k + 1} of {len(sets)}," if len(sets) > 1 else ";"
                         inputs.source = loaded.input_source + (
                             f"{which} {', '.join(added + [name])} added: optional in the forward, which failed without "
@@ -190,6 +191,58 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                         break
         level = deeper
     return None
+
+
+def _marking_some(grown: tuple, inputs, loaded, device, seed: int, prepare):
+    """(inputs, specs) with an added mask of all ones marking only the first half of each row instead, where that
+    runs and the loss then reaches more parameters (one forward and backward each, on the model's own tensors left
+    as they were): every token marked global in Longformer's global_attention_mask leaves its local attention's
+    query, key and value without a gradient, which a healthy model's real input (a question's tokens) never does."""
+
+    from .hf_inputs import split
+    from .inputs import spec_inputs
+
+    name, body, fill = split(grown[-1])
+    if fill != "ones" or "mask" not in (name or "") or device.type == "meta":
+        return inputs, grown
+    half = grown[:-1] + (f"{name}={body}~half",)
+    other = spec_inputs(half, loaded, device, seed)
+    call = prepare or (lambda x: x)
+    ones_reach = _reached(loaded.model, call(inputs))
+    half_reach = _reached(loaded.model, call(other))
+    if ones_reach is None or half_reach is None or half_reach <= ones_reach:
+        return inputs, grown
+    other.notes.append(f"{name}: ones on the first half of each row (all ones left {half_reach - ones_reach} "
+                       "parameter(s) without a gradient)")
+    return other, half
+
+
+def _reached(model, inputs) -> int | None:
+    """How many parameters get a non-zero gradient from the mean of each floating output, None when that forward or
+    backward fails. RNG forked and buffers restored as core.inputs.traceless does; no .grad is written."""
+    import torch
+
+    from .index_guard import guarded
+    from .param_writes import restored_writes
+    from .reach import floats
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad(), restored_writes(model), guarded(model):
+            outs = [t for t in floats(inputs.call(model)) if t.requires_grad and t.numel()]
+            if not outs or not params:
+                return None
+            grads = torch.autograd.grad(sum(t.float().mean() for t in outs), params, allow_unused=True)
+        return sum(1 for g in grads if g is not None and bool(g.any()))
+    except Exception:   # noqa: BLE001 - a variant that does not train is not taken
+        return None
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved and b.shape == saved[n].shape:
+                    b.copy_(saved[n])
 
 
 def _asks_a_size(got: Probe, specs) -> bool:
