@@ -90,13 +90,33 @@ def _run(model, inputs, opts: Options | None, ctx):
         steps; only for a forward that drew, not under torchrun."""
         if ctx.wrapper is not None or not curve.drew:
             return None
-        loss = ctx.loss()
-        loss.target, loss.made_target = trainer.loss_fn.target, trainer.loss_fn.made_target
+        loss = _same_target(ctx.loss(), trainer.loss_fn)
         trainer.release()
         with leave_no_trace(model), ctx.seeded():
             return _trained(model, inputs, _continued(opts, done), ctx, loss=loss, hold_draws=True)[1]
 
-    return build(trainer, curve, found, opts, ctx, second, few, lower, held)
+    def wide(done: int):
+        """A float32 copy trained as the run was (the same batch, loss target, optimizer and number of steps), its
+        progress shown after `done` steps: did the updates that round away hold the fall back? Not under torchrun."""
+        if ctx.wrapper is not None:
+            return None
+        loss = _same_target(ctx.loss(), trainer.loss_fn, "float32")
+        with leave_no_trace(model), ctx.seeded():
+            return _trained(model, inputs, _continued(opts, done, steps=curve.step), ctx, loss=loss,
+                            dtype="float32")[1]
+
+    return build(trainer, curve, found, opts, ctx, second, few, lower, held, wide)
+
+
+def _same_target(loss, judged, dtype: str | None = None):
+    """`loss` with the judged run's target (made up or given), its floating values in `dtype` where given."""
+    target = judged.target
+    if dtype is not None and hasattr(target, "is_floating_point") and target.is_floating_point():
+        import torch
+
+        target = target.to(getattr(torch, dtype))
+    loss.target, loss.made_target = target, judged.made_target
+    return loss
 
 
 def _asks(opts: Options, ctx) -> bool:
@@ -105,34 +125,42 @@ def _asks(opts: Options, ctx) -> bool:
 
 
 def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, functional: bool = True,
-             hold_draws: bool = False):
+             hold_draws: bool = False, dtype: str | None = None):
     """A Trainer on a fresh training copy of `model` with dropout off (memorising needs no regularisation:
     core/design.py; `functional`: the dropout drawn through torch's functions too); the copy is held by the trainer
-    alone (Trainer.release drops it)."""
+    alone (Trainer.release drops it). `dtype`: the copy and the inputs' floating values cast to it."""
+    import torch
+
     from ...core.design import dropout_off
+    from ...core.precision import cast_inputs
     from .loop import Trainer
 
-    work = ctx.train_copy(model, steps=True, optimizer=optimizer)   # the second opinion's Adam, where given
+    cast = getattr(torch, dtype) if dtype else None
+    why = f"to train it in {dtype}" if dtype else "to train it"
+    work = ctx.train_copy(model, why, steps=True, optimizer=optimizer, dtype=cast)   # a second opinion's Adam, where given
+    if cast is not None:
+        work.to(cast)
     dropped = dropout_off(work)
-    trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer, functional=functional,
-                      hold_draws=hold_draws)
+    trainer = Trainer(work, cast_inputs(inputs.clone(), dtype), loss or ctx.loss(), opts, ctx, optimizer=optimizer,
+                      functional=functional, hold_draws=hold_draws)
     trainer.dropped = dropped
     return trainer
 
 
-def _trained(model, inputs, opts: Options, ctx, optimizer=None, loss=None, hold_draws: bool = False):
+def _trained(model, inputs, opts: Options, ctx, optimizer=None, loss=None, hold_draws: bool = False,
+             dtype: str | None = None):
     """(trainer, curve) of a run on a fresh copy. Where a checkpoint refused its recompute after forwards that
     dropped through torch's functions (a checkpointed function that is no module call, in a nested backward, drew a
     mask there), the run starts again on another fresh copy with that dropout on (the first copy's buffers, caches
     and lazy weights have moved), said in the header."""
     from .loop import DrawnAgain
 
-    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, hold_draws=hold_draws)
+    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, hold_draws=hold_draws, dtype=dtype)
     try:
         return trainer, trainer.train()
     except DrawnAgain:
         trainer.release()
-    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, functional=False, hold_draws=hold_draws)
+    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, functional=False, hold_draws=hold_draws, dtype=dtype)
     return trainer, trainer.train()
 
 
@@ -174,12 +202,14 @@ def _lower_rate(model, inputs, opts: Options, ctx, done: int):
         return _trained(model, inputs, _continued(opts, done), ctx, optimizer=slower)[1]
 
 
-def _continued(opts: Options, done: int) -> Options:
+def _continued(opts: Options, done: int, steps: int | None = None) -> Options:
     """The options of a further run whose progress continues the run's (`done` steps so far: its step 0 is
-    shown as done + 1)."""
+    shown as done + 1); `steps`: that many at most, not extended."""
     import dataclasses
 
     step, budget = opts.on_step, opts.on_budget
+    if steps is not None:
+        opts = dataclasses.replace(opts, steps=steps)
     again = dataclasses.replace(opts,
                                 on_step=step and (lambda k, loss: step(done + 1 + k, loss)),
                                 on_budget=budget and (lambda b: budget(done + 1 + b)))
