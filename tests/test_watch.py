@@ -1714,19 +1714,21 @@ def test_parameters_that_require_no_gradient_are_said_in_the_header(frozen):
 
 
 @pytest.mark.parametrize("variant", ["logits", "fixed", "log", "padded", "both", "small", "aux", "weighted", "masked",
-                                     "masked-logp"])
+                                     "masked-logp", "function", "keywords", "function fixed", "function padded"])
 def test_raw_logits_into_nll_loss_are_found_from_its_input(variant):
     """A sweep: nn.NLLLoss on raw logits fell to -381 at chance accuracy and watch passed it. No log-probability is
     above 0 (above log(1 + eps) with a floor eps added before the log: a review's log(p + 1e-6) over 32k classes
     was flagged by the sum of its exps); rows ignore_index leaves out are not looked at (a review: zeroed padding).
     A review: logits near 0 (no value above 0.05) were missed, and three auxiliary losses used up the NLLLoss's own
-    looks; log-probabilities scaled per sample by a weight of either sign keep one sign a row: not logits."""
-    r = script("watch_logits_nll", *([f"--{variant}"] if variant != "logits" else []))
-    if variant not in ("logits", "both", "small", "aux", "masked"):
+    looks; log-probabilities scaled per sample by a weight of either sign keep one sign a row: not logits. A sweep:
+    F.nll_loss, and the module called with keywords, were not looked at (no forward hook sees them): their graph's."""
+    r = script("watch_logits_nll", *[f"--{v}" for v in variant.split() if v != "logits"])
+    if variant not in ("logits", "both", "small", "aux", "masked", "function", "keywords"):
         assert codes(r) == set(), [f.to_dict() for f in r.findings]
         return
     f = finding(r, "logits-into-nll")
-    assert f.severity == "warning" and "NLLLoss got values that are not log-probabilities at step 1" in f.message
+    said = "nll_loss" if variant in ("function", "keywords") else "NLLLoss"
+    assert f.severity == "warning" and f"{said} got values that are not log-probabilities at step 1" in f.message
     assert "a sample's row of both signs with a mean of " in f.message, f.message
     assert ("the 3 finite values of its 4 classes" in f.message and "log(1/3) = -1.1" in f.message) if variant == \
         "masked" else "over 4 classes, where log-probabilities' mean is at most log(1/4) = -1.39" in f.message

@@ -512,21 +512,22 @@ class Engine:
                                            else float(getattr(module, "label_smoothing", 0.0))),
                                  flag.float().reshape(1)))
             if isinstance(module, torch.nn.NLLLoss):
-                self._look_at_nll_input(module, p, target)
+                self._look_at_nll_input(type(module).__name__, module.ignore_index, p, target)
 
-    def _look_at_nll_input(self, module, p, target) -> None:
+    def _look_at_nll_input(self, name: str, ignore_index: int, p, target) -> None:
         """NLLLoss given logits (a sweep: raw logits fell to -381 at chance accuracy, and watch passed it): a row it
         scores (not one ignore_index leaves out: a review's zeroed padding) whose finite values have both signs and a
         mean above log(1/k + NLL_FLOOR), k of them. Log-probabilities' mean over k classes is at most log(1/k)
         (Jensen: their probabilities sum to at most 1), log(1/k + eps) with a floor eps added before the log; a
         log-probability row scaled by a weight keeps one sign. Logits near 0 (a small init) have a mean near 0, and
         a class masked to -inf leaves the others' (a review). The worst row's excess over its bound is read, its mean
-        and k with it."""
+        and k with it. `name`: the loss module's class, or nll_loss where its graph showed it (F.nll_loss, a module
+        called with keywords)."""
         import torch
 
         if isinstance(target, torch.Tensor) and target.shape == p.shape[:1] + p.shape[2:] \
                 and not target.is_floating_point() and target.device.type != "meta":
-            scored = (target != getattr(module, "ignore_index", -100)).to(p.device)
+            scored = (target != ignore_index).to(p.device)
         else:
             scored = torch.ones(p.shape[:1] + p.shape[2:], dtype=torch.bool, device=p.device)
         finite = p.isfinite()
@@ -537,7 +538,7 @@ class Engine:
         excess = (mean - (1 / k.clamp_min(1) + NLL_FLOOR).log()).masked_fill(~both, -math.inf).reshape(-1)
         at = excess.argmax()
         read = torch.stack([excess[at], mean.reshape(-1)[at], k.reshape(-1)[at].to(mean.dtype)])
-        self.pending.append(("nllpos", (self.step + 1, type(module).__name__, int(p.shape[1])), read))
+        self.pending.append(("nllpos", (self.step + 1, name, int(p.shape[1])), read))
 
     def _look_at_input_scale(self, args) -> None:
         """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint
@@ -967,6 +968,8 @@ class Engine:
         """The ops nearest the loss (graph.py): a softmax into cross_entropy or nll_loss, an elementwise loss that
         broadcast both sides, a dropout on what the loss reads, however the loss was written (F.cross_entropy, a
         module, by hand). Shapes only, but a CPU dropout mask's values (graph._dropped)."""
+        import torch
+
         from .graph import loss_faults
 
         try:
@@ -974,6 +977,12 @@ class Engine:
         except Exception:   # a help only: a graph it cannot read (an op's saved values released) says nothing
             return
         for fault in faults:
+            if fault[0] == "nll":   # nll_loss's input, however it was called: its values looked at as a module's are
+                x, target, ignore = fault[1:]
+                if x.is_floating_point() and x.dim() >= 2 and x.shape[1] >= 2 and x.numel():
+                    with torch.no_grad():
+                        self._look_at_nll_input("nll_loss", ignore, x.detach().float(), target)
+                continue
             kind = {"probs": "probs_into_loss", "broadcast": "loss_broadcast", "dim": "loss_dim",
                     "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss"}[fault[0]]
             if kind == "dropout_into_loss":   # looks, and those whose mask averaged exactly 1 (graph._dropped)

@@ -14,13 +14,15 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 def loss_faults(fn) -> list[tuple]:
     """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
     ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss) | ("classes", C) | ("dropout", loss,
-    share zeroed or NaN, its mask's mean exactly 1)] found near `fn`:
+    share zeroed or NaN, its mask's mean exactly 1) | ("nll", input, target, ignore_index)] found near `fn`:
     - the loss is a cross-entropy itself, its mean (nll_loss at the root): its class count, for a plateau's chance
       level;
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
     - nll_loss given a log_softmax over a dimension of another size than its classes' (log_softmax(logits, dim=0)
       on (N, C): each sample's log-probabilities normalised over the batch; a sweep's run fell to 3.23, above
       chance, and passed);
+    - nll_loss given values no log_softmax made: its input, for the engine to judge (raw logits through F.nll_loss
+      or a loss module called with keywords, which no forward hook sees);
     - binary_cross_entropy_with_logits given a sigmoid's output (a sigmoid ending the model: the loss applies its
       own, so its floor is far above 0; a sweep: 0.54 against 0.11, passed);
     - an elementwise loss whose input was grown by broadcasting against a target grown too ((N, 1) against (N,));
@@ -50,6 +52,8 @@ def loss_faults(fn) -> list[tuple]:
             over, classes = _classes(source), _class_size(node)
             if over and classes and over != classes:   # cross_entropy's own log_softmax is over its classes
                 found.append(("dim", "nll_loss", over, classes, int(node._saved_self.shape[0])))
+        elif kind.startswith("NllLoss"):   # its input made otherwise: values the engine looks at (raw logits?)
+            found.append(("nll", node._saved_self, node._saved_target, _signed(int(node._saved_ignore_index))))
         elif kind == "BinaryCrossEntropyWithLogitsBackward0" and type(source).__name__ == "SigmoidBackward0":
             found.append(("sigmoid", "binary_cross_entropy_with_logits"))
         elif kind in ELEMENTWISE and type(first).__name__ == "ExpandBackward0":
@@ -176,12 +180,15 @@ def _softmax(node) -> bool:
     return type(node).__name__ == "SoftmaxBackward0"
 
 
+def _signed(n: int) -> int:
+    """A saved integer autograd keeps unsigned (softmax(-1)'s dim, nll_loss's ignore_index -100) as it was given."""
+    return n - 2 ** 64 if n >= 2 ** 63 else n
+
+
 def _classes(node) -> int:
     """The softmax's own dimension's size: its saved dim is unsigned (softmax(-1) saves 2**64 - 1: a review's
     IndexError stopped watch)."""
-    shape, dim = node._saved_result.shape, int(node._saved_dim)
-    if dim >= 2 ** 63:
-        dim -= 2 ** 64
+    shape, dim = node._saved_result.shape, _signed(int(node._saved_dim))
     return int(shape[dim]) if shape and -len(shape) <= dim < len(shape) else 0
 
 
