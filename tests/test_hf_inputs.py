@@ -183,6 +183,23 @@ def test_a_dual_tower_gets_pixels_beside_ids_that_end_with_eos(tmp_path, cli):
     assert "zero-grad" not in statuses.values()
 
 
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_an_encoder_decoder_classifier_pooled_at_its_eos_gets_one_eos_a_row(tmp_path, cli, kind):
+    # BART's and T5's sequence-classification heads pool the decoder at the EOS positions of the input ids and refuse
+    # rows with different counts of it: random ids in a 200-token vocabulary held eos_token_id 2 in the middle too,
+    # and every command exited 3 ("All examples must have the same number of <eos> tokens") on a healthy model
+    if kind == "bart":
+        cfg = transformers.BartConfig(vocab_size=200, d_model=32, encoder_layers=1, decoder_layers=1,
+                                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                      decoder_ffn_dim=64, max_position_embeddings=128)
+        folder = save(tmp_path, cfg, "BartForSequenceClassification")
+    else:
+        cfg = transformers.T5Config(vocab_size=200, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2)
+        folder = save(tmp_path, cfg, "T5ForSequenceClassification")
+    r = ran(cli, "gradflow", folder)
+    assert any("ends with eos_token_id" in n and "nowhere else" in n for n in r.json["input_notes"])
+
+
 def test_no_eos_at_the_end_where_eos_is_the_padding(tmp_path, cli):
     # GPT-2 style: eos_token_id = pad_token_id; a padded last position is not what a tokenizer gives
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32,

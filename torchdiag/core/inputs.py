@@ -742,9 +742,12 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
             or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:
         return
     ids = ids.clone()
-    ids[:, -1] = eos
+    body = ids[:, :-1]
+    body[body == eos] = (eos + 1) % vocab   # and has it nowhere else: a classifier pooled at its EOS (BART's, T5's)
+    ids[:, -1] = eos                        # refuses rows with different counts of it
     inputs.args = (ids,) + tuple(inputs.args[1:])
-    inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos}, as a tokenizer ends them")
+    inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos} and has it nowhere else, as a tokenizer "
+                        "ends them")
 
 
 def _config_int(config, key: str) -> int | None:
