@@ -238,6 +238,18 @@ class Context:
         if self.spec.loss == "auto" and self.batch_target is None and inputs is not None:
             self.lm = language_model(model, inputs)
 
+    def inference_inputs(self, model, inputs):
+        """`inputs` for a forward that computes no loss (profile's and memory's inference): a source's default loses
+        the labels given so the model trains with its own loss (core.inputs.without_labels), and the header says the
+        inputs it runs with."""
+        from .inputs import without_labels
+
+        out = without_labels(inputs, model)
+        if out is not inputs and "inputs" in self.header:
+            self.header["inputs"] = out.describe()
+            self.header["input_notes"] = out.notes
+        return out
+
     def finish(self, result) -> None:
         """Put the choices made for the user in front of the diagnostic's own header."""
         header = dict(self.header)

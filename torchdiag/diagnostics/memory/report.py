@@ -18,6 +18,8 @@ CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state",
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
     opts = opts or Options()
+    if opts.mode == "inference":
+        inputs = ctx.inference_inputs(model, inputs)
     if opts.snapshot and not ctx.on_cuda:
         raise OptionError("snapshot", "records the CUDA allocator's history; it needs a CUDA device",
                           hint="without a GPU, use the tensor-level table (and the JSON document) instead")

@@ -78,6 +78,8 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     import torch
 
     opts, default = resolved(opts or Options(), ctx)
+    if opts.mode == "inference":
+        inputs = ctx.inference_inputs(model, inputs)
     result = _header(opts, ctx, default)
     with leave_no_trace(model):
         work, optimizer, loss_fn = _workload(model, opts, ctx)
