@@ -397,3 +397,24 @@ def test_a_softmax_saturated_to_one_hot_is_said_so():
     (f,) = [f for f in errors(gradflow(Sharp(1e4))) if f.where == "score"]
     assert "`softmax` op" in f.message and "its output is one-hot" in f.message and "temperature" in f.hint
     assert not errors(gradflow(Sharp(1.0)))   # the same model with logits of an ordinary scale: healthy
+
+
+def test_a_causal_attention_read_at_its_first_position_says_which_rows_are_one_hot():
+    """A sweep: a BERT config with is_decoder=true under a classification head (pooled at the first token, which
+    causal attention lets see itself alone) was told of dead units or a round/argmax at the softmax. 2 of the 10 rows
+    (the first query of each of 2 samples) are one-hot; the loss reads only those: its query and key get none."""
+    class Causal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            s = self.q(x) @ self.k(x).transpose(-1, -2)
+            future = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1)
+            return self.head((s.masked_fill(future, float("-inf")).softmax(-1) @ x)[:, 0])
+
+    torch.manual_seed(0)
+    found = {f.where: f for f in errors(run("gradflow", Causal(), (torch.randn(2, 5, 8),)))}
+    assert set(found) == {"q", "k"}, list(found)
+    assert "2 of 10 rows of its output are one-hot" in found["q"].message, found["q"].message
+    assert "causal attention" in found["q"].hint and "dead units" not in found["q"].hint

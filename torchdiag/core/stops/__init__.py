@@ -82,6 +82,9 @@ class Stop:
                 "result": "; its output is 0 everywhere (every unit below the activation's zero point: dead units)",
                 "one-hot": "; its output is one-hot (every other probability is exactly 0): a saturated softmax "
                            "passes no gradient",
+                "one-hot-rows": f"; {text} rows of its output are one-hot (a softmax over one position, or with every "
+                                "other one masked, passes no gradient): where the loss reads only those rows, none "
+                                "reaches what comes before it",
                 }.get(kind, "")
 
     def selects(self) -> bool:
@@ -116,6 +119,11 @@ class Stop:
         if kind == "one-hot":
             return ("the logits into the softmax are too far apart: scale them down (a temperature, a 1/√d factor) "
                     "or normalise what makes them")
+        if kind == "one-hot-rows":
+            return ("a row over a single position is the first query of causal attention (it sees itself alone): an "
+                    "output read at that position alone (a classifier pooled at the first token) trains no query or key "
+                    "there; pool another position, or attend both ways if the model is meant to (a causal mask set by "
+                    "mistake?)")
         op = f"the `{self.op}` op" if self.op else "what the code does with that output"
         return (f"look at {op}: units below an activation's zero point (dead units), or a round, sign, argmax or "
                 "comparison, which needs a straight-through estimator to pass a gradient; a mask or selection that "

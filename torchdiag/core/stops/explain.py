@@ -131,8 +131,9 @@ def zero_operand(node, kid, names: dict, stuck: set | None = None) -> tuple[str,
         return padding
     zero, on_path = _saved_zero(node, kid, stuck or set())
     if zero is None:
+        rows = _one_hot_rows(node)
         return ("path", "") if on_path else ("result", "") if _zero_result(node) else \
-            ("one-hot", "") if _one_hot(node) else None
+            ("one-hot", "") if _one_hot(node) else ("one-hot-rows", rows) if rows else None
     label, whole = names.get(storage(zero), (None, None))
     if label is not None and storage(zero) in (stuck or set()):
         return "stuck", label
@@ -179,6 +180,21 @@ def _one_hot(node) -> bool:
     derivative is then 0)?"""
     t = _saved_result(node)
     return t is not None and bool(((t == 0) | (t == 1)).all()) and bool((t == 1).any())
+
+
+def _one_hot_rows(node) -> str:
+    """"k of n": a softmax whose saved output has k of its n rows (along its own dimension) one-hot, some but not
+    all: a row over one position (causal attention's first query, which sees itself alone) or with every other
+    logit masked passes no gradient; "" otherwise."""
+    t, dim = _saved_result(node), getattr(node, "_saved_dim", None)
+    if t is None or not isinstance(dim, int) or t.dim() < 2:
+        return ""
+    dim = dim - 2 ** 64 if dim >= 2 ** 63 else dim
+    if not -t.dim() <= dim < t.dim():
+        return ""
+    one = (((t == 0) | (t == 1)).all(dim) & (t == 1).any(dim))
+    k = int(one.sum())
+    return f"{k:,} of {one.numel():,}" if 0 < k < one.numel() else ""
 
 
 def _zero_result(node) -> bool:
