@@ -200,6 +200,21 @@ def test_an_encoder_decoder_classifier_pooled_at_its_eos_gets_one_eos_a_row(tmp_
     assert any("ends with eos_token_id" in n and "nowhere else" in n for n in r.json["input_notes"])
 
 
+def test_ids_with_no_eos_inside_keep_a_vision_language_models_placeholders(tmp_path, cli):
+    # a review: eos inside the ids became eos + 1, here LLaVA's image placeholder: the image layout had more
+    # placeholders than features and the default fell back to text alone (the vision tower never checked)
+    text = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                    eos_token_id=2, bos_token_id=1, pad_token_id=None)
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=28, patch_size=14, projection_dim=32)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=3,
+                                   vision_feature_layer=-1)
+    folder = save(tmp_path, cfg, "LlavaForConditionalGeneration")
+    r = ran(cli, "summary", folder)
+    assert any(i.startswith("pixel_values:") for i in r.json["inputs"]), r.json["inputs"]
+
+
 def test_no_eos_at_the_end_where_eos_is_the_padding(tmp_path, cli):
     # GPT-2 style: eos_token_id = pad_token_id; a padded last position is not what a tokenizer gives
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32,

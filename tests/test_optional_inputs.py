@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 
-def loaded(model, *default, alternatives=()):
+def loaded(model, *default, alternatives=(), trains=True):
     return types.SimpleNamespace(model=model, default_inputs=default, input_alternatives=alternatives,
-                                 input_source="test", module=None)
+                                 input_source="test", module=None, trains=trains)
 
 
 def first_run(source, forwards=None):
@@ -639,6 +639,29 @@ def test_an_added_mask_of_all_ones_that_leaves_parameters_without_gradient_marks
     # the same mask read as padding keeps its ones: half reaches no more parameters
     kept = first_run(loaded(MasksPadding(), "2x8:int64")).kwargs["global_mask"]
     assert kept.eq(1).all()
+    # a command that runs no backward has no gradient to miss: no comparison
+    assert first_run(loaded(MarksGlobal(), "2x8:int64", trains=False)).kwargs["global_mask"].eq(1).all()
+
+
+class PadsWithAVector(nn.Module):
+    """A review: attention_mask in transformers' sense (1: a real token), padded positions taking a learned vector;
+    half the batch padded reaches that vector, all ones does not, and all ones is still the input without padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace()
+        self.emb, self.pad, self.head = nn.Embedding(10, 4), nn.Parameter(torch.zeros(4)), nn.Linear(4, 3)
+
+    def forward(self, input_ids, attention_mask=None):
+        if attention_mask is None:
+            raise ValueError("`attention_mask` cannot be `None`")
+        h = torch.where(attention_mask.unsqueeze(-1).bool(), self.emb(input_ids), self.pad)
+        return self.head(h).mean(1)
+
+
+def test_an_added_attention_mask_keeps_its_ones_whatever_the_gradients_say():
+    got = first_run(loaded(PadsWithAVector(), "2x8:int64"))
+    assert got.kwargs["attention_mask"].eq(1).all() and not any("first half" in n for n in got.notes)
 
 
 def test_longformer_question_answering_trains_every_attention_projection_by_default(tmp_path, cli):

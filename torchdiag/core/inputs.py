@@ -742,12 +742,24 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
             or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:
         return
     ids = ids.clone()
-    body = ids[:, :-1]
-    body[body == eos] = (eos + 1) % vocab   # and has it nowhere else: a classifier pooled at its EOS (BART's, T5's)
-    ids[:, -1] = eos                        # refuses rows with different counts of it
+    _no_eos_inside(ids[:, :-1], eos, vocab)
+    ids[:, -1] = eos
     inputs.args = (ids,) + tuple(inputs.args[1:])
     inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos} and has it nowhere else, as a tokenizer "
                         "ends them")
+
+
+def _no_eos_inside(body, eos: int, vocab: int) -> None:
+    """`body` (the ids before the last position) with no `eos`, in place: a classifier pooled at its EOS (BART's,
+    T5's) refuses rows with different counts of it. Each one takes a neighbour's id, one already drawn as the rest
+    were (eos + 1 could be an image placeholder: a review's LLaVA lost its image layout); eos + 1 where a whole row
+    is eos."""
+    for _ in range(4):
+        hit = body == eos
+        if not bool(hit.any()):
+            return
+        body[hit] = body.roll(1, dims=1)[hit]
+    body[body == eos] = (eos + 1) % vocab
 
 
 def _config_int(config, key: str) -> int | None:

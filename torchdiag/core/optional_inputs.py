@@ -203,7 +203,8 @@ def _marking_some(grown: tuple, inputs, loaded, device, seed: int, prepare):
     from .inputs import spec_inputs
 
     name, body, fill = split(grown[-1])
-    if fill != "ones" or "mask" not in (name or "") or device.type == "meta":
+    if fill != "ones" or "mask" not in (name or "") or device.type == "meta" or _padding_sense(name or "") \
+            or not getattr(loaded, "trains", False):   # (a command that runs no backward: no gradient to miss)
         return inputs, grown
     half = grown[:-1] + (f"{name}={body}~half",)
     other = spec_inputs(half, loaded, device, seed)
@@ -215,6 +216,13 @@ def _marking_some(grown: tuple, inputs, loaded, device, seed: int, prepare):
     other.notes.append(f"{name}: ones on the first half of each row (all ones left {half_reach - ones_reach} "
                        "parameter(s) without a gradient)")
     return other, half
+
+
+def _padding_sense(name: str) -> bool:
+    """A mask whose ones mean "a real position, attend to it" by transformers' convention (attention_mask,
+    decoder_attention_mask, a padding mask): all ones is the input without padding, whatever the gradients say (a
+    review: a model whose padded positions take a learned pad vector reached it only with half the batch padded)."""
+    return name in ("attention_mask", "decoder_attention_mask") or "padding" in name
 
 
 def _reached(model, inputs) -> int | None:

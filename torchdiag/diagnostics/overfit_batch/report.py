@@ -516,7 +516,8 @@ def _rounding_held(result, curve, wide) -> bool:
            f"{final / initial:.3g}×"
     result.notes.append(f"{said}: the updates that round away held it back" if held else
                         f"{said}: the updates that round away have not held the fall back in these steps, so they are "
-                        "no cause of this failure (yet)")
+                        "no cause of this failure yet; they may stop it later (more steps show it, or float32 master "
+                        "weights avoid it)")
     return held
 
 
