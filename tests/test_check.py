@@ -177,6 +177,10 @@ def test_spec_on_command_line_without_config(cli, tmp_path, monkeypatch):
     assert res.code == 0, res.stderr
     res = cli("check", sample("mlp.py:build"))
     assert res.code == 2 and "no checks configured" in res.stderr
+    # said before the model is built (a sweep: a Whisper config's build and probes came first): a model that cannot
+    # be built gives the same line, not its own failure (exit 3)
+    res = cli("check", sample("broken_shape.py:nonexistent_factory"))
+    assert res.code == 2 and "no checks configured" in res.stderr, res.stderr
 
 
 def test_no_config_is_usage_error(cli, tmp_path, monkeypatch):

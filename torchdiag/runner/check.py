@@ -451,6 +451,8 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
     from ..core.context import prepare
 
     record = _Recorder(cfg.name)
+    if not _configured(cfg.check):   # said before the model is built (a sweep: 10 s of a Whisper's build and probes)
+        raise _nothing_configured(cfg.name)
     try:
         model, inputs, ctx = prepare(cfg.spec)
     except DiagError as exc:
@@ -467,9 +469,22 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
     except _Interrupted:
         return record.outcomes
     if len(record.outcomes) == before:   # only the checkpoint's own outcome: no check was configured
-        raise UsageError(f"no checks configured for {cfg.name}",
-                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, lr-find, data")
+        raise _nothing_configured(cfg.name)
     return record.outcomes
+
+
+def _configured(c: dict) -> bool:
+    """Whether the config turns on a check (the keys _size_checks and _diagnostic_checks read, as they read them)."""
+    present = ("max-params", "max-trainable-params", "min-trainable-params", "max-gmacs", "max-gflops",
+               "max-peak-memory", "data")
+    return any(k in c for k in present) or any(c.get(k) for k in ("nancheck", "gradflow", "doctor")) \
+        or any(c.get(k, False) is not False for k in ("overfit-batch", "lr-find"))
+
+
+def _nothing_configured(name: str) -> UsageError:
+    return UsageError(f"no checks configured for {name}",
+                      hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, "
+                           "lr-find, data")
 
 
 def _checkpoint_outcomes(ctx, record):
