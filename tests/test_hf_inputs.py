@@ -1309,5 +1309,24 @@ def test_inference_runs_without_the_labels_given_for_the_models_own_loss(tmp_pat
         assert "labels" not in names, r.json["inputs"]
         assert names == (["input[0]"] if kind == "gpt2" else ["input[0]", "decoder_input_ids"]), names
         assert any(n.startswith("labels: dropped (inference computes no loss)") for n in r.json["input_notes"])
+        assert "labels =" not in r.json["input_source"], r.json["input_source"]
     train = cli("memory", f"hf:{folder}", "--json")   # a training step keeps them: the model's own loss
     assert any(i.startswith("labels:") for i in train.json["inputs"]), train.json["inputs"]
+
+
+def test_inference_decoder_ids_take_the_pad_id_where_the_labels_leave_a_position_out():
+    # a review: -100 in the labels (ids the decoder has no class for) became 0 in the decoder ids; transformers'
+    # shift puts pad_token_id there
+    import types
+
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs, without_labels
+
+    model = types.SimpleNamespace(config=types.SimpleNamespace(is_encoder_decoder=True, decoder_start_token_id=None,
+                                                               pad_token_id=5))
+    labels = torch.tensor([[7, -100, 9, 3]])
+    got = without_labels(ModelInputs((labels.clamp_min(0),), {"labels": labels}, source="x; labels = y; batch 2",
+                                     chosen=True), model)
+    assert got.kwargs["decoder_input_ids"].tolist() == [[5, 7, 5, 9]] and "labels" not in got.kwargs
+    assert got.source == "x; batch 2"

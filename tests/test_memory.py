@@ -829,3 +829,45 @@ def test_a_language_model_on_meta_is_estimated_with_the_loss_a_real_device_runs(
     assert "on meta by the ids' shape alone" in got["meta"]["loss"]
     cpu, meta = got["cpu"]["activation_bytes"], got["meta"]["activation_bytes"]
     assert abs(meta - cpu) <= 0.02 * cpu, (cpu, meta)
+
+
+class _CharLM(torch.nn.Module):
+    """nanoGPT's character model in small: a 65-token vocabulary under a 256-row position table."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos, self.head = torch.nn.Embedding(65, 16), torch.nn.Embedding(256, 16), torch.nn.Linear(16, 65)
+
+    def forward(self, ids):
+        return self.head(self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device)))
+
+
+class _Seq2Seq(torch.nn.Module):
+    """forward(src, tgt): logits over the target ids, of another length than the source."""
+
+    def __init__(self):
+        super().__init__()
+        self.src, self.tgt, self.head = torch.nn.Embedding(50, 16), torch.nn.Embedding(50, 16), torch.nn.Linear(16, 50)
+
+    def forward(self, src, tgt):
+        return self.head(self.tgt(tgt) + self.src(src).mean(1, keepdim=True))
+
+
+@pytest.mark.parametrize("kind", ["char", "seq2seq"])
+def test_a_language_model_on_meta_is_found_by_the_logits_shape(kind):
+    """A review: on meta only the largest embedding was taken for the vocabulary (a character model's position table
+    is larger) and only the first integer input for the ids (a seq2seq's target comes second): mse there, where the
+    CPU runs cross-entropy."""
+    from torchdiag.core.inputs import ModelInputs
+
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = _CharLM() if kind == "char" else _Seq2Seq()
+    ids = (torch.randint(0, 65, (4, 32), generator=g),) if kind == "char" else \
+        (torch.randint(0, 50, (4, 10), generator=g), torch.randint(0, 50, (4, 7), generator=g))
+    cpu = run("memory", copy.deepcopy(model), ModelInputs(ids)).to_dict()
+    meta = run("memory", copy.deepcopy(model).to("meta"), ModelInputs(tuple(t.to("meta") for t in ids))).to_dict()
+    want = "input[0]" if kind == "char" else "input[1]"
+    for d in (cpu, meta):
+        assert d["loss"].startswith(f"next-token cross_entropy on output against {want}"), d["loss"]
+    assert abs(meta["activation_bytes"] - cpu["activation_bytes"]) <= 0.02 * cpu["activation_bytes"]

@@ -247,6 +247,7 @@ class Context:
         out = without_labels(inputs, model)
         if out is not inputs and "inputs" in self.header:
             self.header["inputs"] = out.describe()
+            self.header["input_source"] = out.source
             self.header["input_notes"] = out.notes
         return out
 

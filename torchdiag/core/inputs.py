@@ -742,24 +742,31 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
             or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:
         return
     ids = ids.clone()
-    _no_eos_inside(ids[:, :-1], eos, vocab)
+    _no_eos_inside(ids[:, :-1], eos, _plain_id(config, eos, vocab))
     ids[:, -1] = eos
     inputs.args = (ids,) + tuple(inputs.args[1:])
     inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos} and has it nowhere else, as a tokenizer "
                         "ends them")
 
 
-def _no_eos_inside(body, eos: int, vocab: int) -> None:
+def _no_eos_inside(body, eos: int, plain: int) -> None:
     """`body` (the ids before the last position) with no `eos`, in place: a classifier pooled at its EOS (BART's,
-    T5's) refuses rows with different counts of it. Each one takes a neighbour's id, one already drawn as the rest
-    were (eos + 1 could be an image placeholder: a review's LLaVA lost its image layout); eos + 1 where a whole row
-    is eos."""
-    for _ in range(4):
-        hit = body == eos
-        if not bool(hit.any()):
-            return
-        body[hit] = body.roll(1, dims=1)[hit]
-    body[body == eos] = (eos + 1) % vocab
+    T5's) refuses rows with different counts of it. Each one becomes `plain` (_plain_id: not a special id the config
+    names; eos + 1 was a review's LLaVA image placeholder, which lost its image layout)."""
+    body[body == eos] = plain
+
+
+def _plain_id(config, eos: int, vocab: int) -> int:
+    """The first id after `eos` (cyclically in the vocabulary) that no `*token*` entry of the config or of its
+    sub-configs names (image, video, pad, bos, sep placeholders)."""
+    special: set[int] = set()
+    for c in [config] + [v for v in vars(config).values() if hasattr(v, "to_dict")]:
+        for key, value in vars(c).items():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if "token" in key:
+                special |= {v for v in values if type(v) is int}
+    return next(((eos + k) % vocab for k in range(1, min(vocab, 4096)) if (eos + k) % vocab not in special),
+                (eos + 1) % vocab)
 
 
 def _config_int(config, key: str) -> int | None:
@@ -1133,16 +1140,17 @@ def without_labels(inputs: ModelInputs, model) -> ModelInputs:
     config = getattr(model, "config", None)
     note = "labels: dropped (inference computes no loss)"
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" not in kwargs and labels.dim() >= 1:
-        start = _config_int(config, "decoder_start_token_id")
-        start = _config_int(config, "pad_token_id") if start is None else start
+        start, pad = _config_int(config, "decoder_start_token_id"), _config_int(config, "pad_token_id")
+        start = pad if start is None else start
         if start is None:   # the decoder would have no ids: the labels stay
             return inputs
         shifted = labels.new_full(labels.shape, start)
-        shifted[..., 1:] = labels[..., :-1].clamp_min(0)
+        shifted[..., 1:] = labels[..., :-1].masked_fill(labels[..., :-1] == -100, pad or 0)   # (-100: pad, as theirs)
         kwargs["decoder_input_ids"] = shifted
         note += f"; decoder_input_ids: the labels shifted right from {start}, as the model makes them from labels"
     notes = [n for n in inputs.notes if not n.startswith("labels:")] + [note]
-    return dataclasses.replace(inputs, kwargs=kwargs, notes=notes, _written=[], _kept=None)
+    source = re.sub(r"; labels = [^;]*", "", inputs.source)   # (the source said what training commands get)
+    return dataclasses.replace(inputs, kwargs=kwargs, notes=notes, source=source, _written=[], _kept=None)
 
 
 def _labels_from_ids(inputs, start: int | None = None, model=None) -> None:

@@ -520,12 +520,15 @@ class LanguageModel:
     left_out: Any = None   # where they are (for the header), or None
     shift: int = 1         # 1: next-token targets; 0: each position's own id (_bidirectional)
     unread: bool = False   # on meta: taken by the ids' shape alone (no values to range, no probe forward)
+    others: tuple = ()     # ... with the further integer (N, T) inputs, (name, ids): fits() takes the first that fits
 
     def fits(self, y) -> bool:
-        if (y.dim() == 3 and y.is_floating_point() and tuple(y.shape[:2]) == tuple(self.ids.shape)
-                and y.shape[2] in self.vocabs and y.shape[1] > 1):
-            self.vocab = int(y.shape[2])
-            return True
+        if not (y.dim() == 3 and y.is_floating_point() and y.shape[2] in self.vocabs and y.shape[1] > 1):
+            return False
+        for name, ids in ((self.name, self.ids),) + self.others:   # (others: on meta, a seq2seq's target ids)
+            if tuple(y.shape[:2]) == tuple(ids.shape):
+                self.name, self.ids, self.vocab, self.others = name, ids, int(y.shape[2]), ()
+                return True
         return False
 
 
@@ -543,15 +546,18 @@ def language_model(model, inputs) -> LanguageModel | None:
     for name, t in inputs.tensors():
         if t.dim() != 2 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.numel() == 0:
             continue
-        if t.device.type == "meta":   # no values to range or probe: the first integer (N, T) input, next-token, into
-            # the largest embedding (a token tagger's few classes match a 2-row segment table otherwise) (a sweep:
-            # memory --device meta estimated an mse step against a logits-sized target for a language model the CPU
-            # ran with cross-entropy, +53% activations)
-            return LanguageModel(name, t, (vocabs[-1],), unread=True)
+        if t.device.type == "meta":   # no values to range or probe: by shape (a sweep: memory --device meta
+            # estimated an mse step against a logits-sized target for a language model the CPU ran with cross-entropy,
+            # +53% activations); fits() takes the first such input the logits match
+            found.append(LanguageModel(name, t, tuple(vocabs), unread=True))
+            continue
         lo, hi = torch.stack([t.min(), t.max()]).tolist()
         fed = tuple(v for v in vocabs if lo >= 0 and hi < v)
         if fed:
             found.append(LanguageModel(name, t, fed))
+    if found and found[0].unread:
+        found[0].others = tuple((lm.name, lm.ids) for lm in found[1:])
+        return found[0]
     if len(found) > 1:
         # an attention mask and segment ids fit an embedding too (a review: a padded first sample's mask was taken for
         # the ids): the candidates with the most distinct values first, as ids have (one read each). Not whether a
