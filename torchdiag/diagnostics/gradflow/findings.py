@@ -126,7 +126,8 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
         return f"{what} frozen (requires_grad=False): {total:,} values not trained", None
     if status == "zero-grad":
         steps = first.get("rechecked")
-        again = (f" (still, after a short training run on a copy: {steps} optimizer steps)" if steps else
+        rounding = f"; {first['rounding_fact']}" if first.get("rounding_fact") else ""
+        again = (f" (still, after a short training run on a copy: {steps} optimizer steps{rounding})" if steps else
                  f" (not re-checked by a short training run, which tells a zero-initialised layer or gate from a "
                  f"break: {first['unchecked']})" if first.get("unchecked") else "")
         stops = _stops(members)

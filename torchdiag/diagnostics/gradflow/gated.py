@@ -106,6 +106,10 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 f"({v.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
                 "model leaves the loss unchanged: the loss does not depend on it")})
             continue
+        if v.rounding:   # back only as rounding noise, though the loss depends on it: said with the zero-grad
+            r["rounding_fact"] = (f"max |grad| {v.after:.3g} after it, rounding noise: on a float64 copy its gradient "
+                                  "all but vanishes while shifting it moves the loss (a piecewise-constant path: an "
+                                  "argmax, a top-k choice, a value normalised to a constant)")
         if v.opens and v.longer is not None:   # still climbing after the short run, its growth compounds
             v = v.longer
             r["rechecked"] = v.steps
