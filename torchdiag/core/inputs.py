@@ -742,23 +742,18 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
             or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:
         return
     ids = ids.clone()
-    _no_eos_inside(ids[:, :-1], eos, _plain_id(config, eos, vocab))
+    body = ids[:, :-1]   # no eos inside either: a classifier pooled at its EOS (BART's, T5's) refuses rows with
+    body[body == eos] = _plain_id(config, eos, vocab)   # different counts of it
     ids[:, -1] = eos
     inputs.args = (ids,) + tuple(inputs.args[1:])
     inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos} and has it nowhere else, as a tokenizer "
                         "ends them")
 
 
-def _no_eos_inside(body, eos: int, plain: int) -> None:
-    """`body` (the ids before the last position) with no `eos`, in place: a classifier pooled at its EOS (BART's,
-    T5's) refuses rows with different counts of it. Each one becomes `plain` (_plain_id: not a special id the config
-    names; eos + 1 was a review's LLaVA image placeholder, which lost its image layout)."""
-    body[body == eos] = plain
-
-
 def _plain_id(config, eos: int, vocab: int) -> int:
     """The first id after `eos` (cyclically in the vocabulary) that no `*token*` entry of the config or of its
-    sub-configs names (image, video, pad, bos, sep placeholders)."""
+    sub-configs names (image, video, pad, bos, sep placeholders: eos + 1 was a review's LLaVA image placeholder, and
+    its image layout was lost)."""
     special: set[int] = set()
     for c in [config] + [v for v in vars(config).values() if hasattr(v, "to_dict")]:
         for key, value in vars(c).items():
@@ -812,9 +807,18 @@ def runs(model, inputs: ModelInputs, stop: type[Exception] | None = None) -> boo
 
 
 def traceless(model, inputs: ModelInputs):
-    """The output of one forward under no_grad that leaves no trace on the model's tensors (RNG forked, buffers
-    restored, parameters it writes in place copied before the write and restored: a codebook's EMA under no_grad).
-    Python attributes it changes (a cache) stay changed."""
+    """The output of one forward under no_grad that leaves no trace on the model's tensors (no_trace). Python
+    attributes it changes (a cache) stay changed."""
+    import torch
+
+    with no_trace(model), torch.no_grad():
+        return inputs.call(model)
+
+
+@contextlib.contextmanager
+def no_trace(model):
+    """Forwards (and backwards) inside leave no trace on the model's tensors: RNG forked, buffers restored,
+    parameters they write in place copied before the write and restored (a codebook's EMA under no_grad)."""
     import torch
 
     from .index_guard import guarded
@@ -823,8 +827,8 @@ def traceless(model, inputs: ModelInputs):
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
     devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), restored_writes(model), guarded(model):
-            return inputs.call(model)
+        with torch.random.fork_rng(devices=devices), restored_writes(model), guarded(model):
+            yield
     finally:
         with torch.no_grad():
             for n, b in model.named_buffers():

@@ -227,18 +227,15 @@ def _padding_sense(name: str) -> bool:
 
 def _reached(model, inputs) -> int | None:
     """How many parameters get a non-zero gradient from the mean of each floating output, None when that forward or
-    backward fails. RNG forked and buffers restored as core.inputs.traceless does; no .grad is written."""
+    backward fails. No trace on the model (core.inputs.no_trace); no .grad is written."""
     import torch
 
-    from .index_guard import guarded
-    from .param_writes import restored_writes
+    from .inputs import no_trace
     from .reach import floats
 
     params = [p for p in model.parameters() if p.requires_grad]
-    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
-    devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad(), restored_writes(model), guarded(model):
+        with no_trace(model), torch.enable_grad():
             outs = [t for t in floats(inputs.call(model)) if t.requires_grad and t.numel()]
             if not outs or not params:
                 return None
@@ -246,11 +243,6 @@ def _reached(model, inputs) -> int | None:
         return sum(1 for g in grads if g is not None and bool(g.any()))
     except Exception:   # noqa: BLE001 - a variant that does not train is not taken
         return None
-    finally:
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if n in saved and b.shape == saved[n].shape:
-                    b.copy_(saved[n])
 
 
 def _asks_a_size(got: Probe, specs) -> bool:
