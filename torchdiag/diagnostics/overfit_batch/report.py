@@ -460,10 +460,11 @@ def _precision_findings(result, trainer, curve, causes) -> int:
                         f"module in float32 (autocast(enabled=False)) or use {amp} bf16; `torchdiag nancheck {amp} fp16` "
                         "shows the values")
     if causes.rounding:
-        stuck = sum(r["unchanged"] for r in causes.rounding)
-        total = causes.moving or sum(p.numel() for _, p in trainer.trainable)
-        found += _rounding_decides(trainer, causes)
-        if not _rounding_decides(trainer, causes):
+        decides = _rounding_decides(trainer, causes)
+        found += decides
+        if not decides:
+            stuck = sum(r["unchanged"] for r in causes.rounding)
+            total = causes.moving or sum(p.numel() for _, p in trainer.trainable)
             result.notes.append(f"the updates that round away ({CODE}) are {stuck:,} of the {total:,} elements with a "
                                 "non-zero gradient: too few to stop the fall alone, so they are no cause of a failure")
         optimizer = trainer.ctx.spec.optimizer
