@@ -1072,3 +1072,49 @@ def test_many_cancelled_names_are_asked_together_not_one_forward_each():
             fc.bias.add_(torch.randn(8, dtype=torch.float64) * 1e3)
         after = nn.functional.cross_entropy(model(xd), y)
     assert abs(float(after - before)) <= 1e-12 * abs(float(before))
+
+
+def test_bound_reuses_what_silent_kept_one_forward_a_name():
+    """derived.bound after derived.silent: a name silent's pass kept is measured from that pass's tensors and
+    gradients, one shifted forward, not a traced forward, a backward and a shifted forward again (SAM's
+    1e-10-initialised vision tower: 16 names, 71 of doctor's 176 s). The bound is the one measured alone."""
+    from torchdiag.core import derived
+
+    torch.manual_seed(0)
+    model, x = ZeroHead(3).double(), torch.randn(2, 16, dtype=torch.float64)
+    nn.init.normal_(model.head.weight)   # every name now reaches the loss: none is silent
+    target = torch.randn(2, 3, dtype=torch.float64)
+    forwards = []
+    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+
+    def loss():
+        return nn.functional.mse_loss(model(x), target)
+
+    names = [n for n, _ in model.named_parameters() if n.startswith("blocks.")]
+    count = {"": 1, **{f"blocks.{i}": 1 for i in range(3)}}
+    keep: dict = {}
+    assert derived.silent(model, names, count, loss, keep=keep) == set()
+    assert set(keep) == set(names)
+
+    def shifted_for(name):
+        def shifted(measure):
+            p = dict(model.named_parameters())[name]
+            keep_p = p.detach().clone()
+            with torch.no_grad():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1), dtype=p.dtype))
+            try:
+                return measure()
+            finally:
+                with torch.no_grad():
+                    p.copy_(keep_p)
+        return shifted
+
+    for name in names:
+        at = derived.host(name, count)
+        forwards.clear()
+        alone = derived.bound(model, name, at, loss, shifted_for(name))
+        assert len(forwards) == 2 and alone > 0, (name, forwards, alone)
+        forwards.clear()
+        reused = derived.bound(model, name, at, loss, shifted_for(name), keep)
+        assert len(forwards) == 1, (name, forwards)
+        assert abs(reused - alone) <= 1e-12 * alone, (name, reused, alone)

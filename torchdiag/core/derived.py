@@ -25,24 +25,30 @@ def host(name: str, count: dict[str, int]) -> str | None:
     return next((a for a in ancestors(owner(name))[1:] if count.get(a)), None)
 
 
-def bound(work, name: str, at: str, loss, shifted) -> float | None:
+def bound(work, name: str, at: str, loss, shifted, traced: dict | None = None) -> float | None:
     """The largest first-order loss move over the tensors `name` reaches inside the first call of module `at`
     (see the module's doc); `loss` runs the seeded forward and returns the loss, `shifted(measure)` runs
-    measure with the parameter shifted. None when the two forwards keep different tensors."""
+    measure with the parameter shifted. None when the two forwards keep different tensors. `traced`: what
+    `silent`'s pass kept (its `keep`): a name found there costs one shifted forward, not a traced forward and a
+    backward more (SAM's 1e-10-initialised tower: 16 names, 71 of doctor's 176 s)."""
     import torch
 
     params, hosts, mods = {name: dict(work.named_parameters())[name]}, {name: at}, dict(work.named_modules())
     budget = _budget(params)
-    kept, grads = _traced(params, hosts, mods, loss, budget)
-    if name in kept.cut:   # more than the memory lets it keep: not measured
-        return None
-    terms = _terms(kept.tensors[name], shifted(_measure(params, hosts, mods, loss, [name], budget))[name], grads)
+    if traced and name in traced:
+        tensors, grads = traced[name]
+    else:
+        kept, grads = _traced(params, hosts, mods, loss, budget)
+        if name in kept.cut:   # more than the memory lets it keep: not measured
+            return None
+        tensors = kept.tensors[name]
+    terms = _terms(tensors, shifted(_measure(params, hosts, mods, loss, [name], budget))[name], grads)
     if terms is None:
         return None
     return float(torch.stack(terms).max()) if terms else 0.0
 
 
-def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) -> set[str]:
+def silent(work, names: list[str], count: dict[str, int], loss, shifted=None, keep: dict | None = None) -> set[str]:
     """Of `names`, those whose bound (`bound`) is 0 whatever the shift, found together: the tensors each reaches
     inside its host's first call all get a zero or no gradient from the loss (one forward and one backward for all:
     timm's gMLP zero-initialises its head, so 304 of its 306 tensors get an exactly-zero gradient, and `bound`'s
@@ -52,20 +58,22 @@ def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) ->
     cancel one another exactly, as core/invariance.py's group shifts assume too; a tensor another name's shift
     moves leaves that name to `bound`. The names whose tensors the memory cut short are traced again, together,
     while that leaves fewer cut (a perf review: 75 names cut on a busy host went to `bound` one by one, two float64
-    forwards each, 350 of a swinv2's 476 s)."""
+    forwards each, 350 of a swinv2's 476 s). `keep`, when given, gets each name not found silent and not cut:
+    (the tensors it reaches, the loss's gradients at them), for `bound`."""
     params, mods = dict(work.named_parameters()), dict(work.named_modules())
     hosts = {n: h for n in names if n in params and (h := host(n, count)) is not None}
     found: set[str] = set()
     todo = list(hosts)
     while todo:
-        quiet, cut = _silent_among(todo, params, hosts, mods, loss, shifted)
+        quiet, cut = _silent_among(todo, params, hosts, mods, loss, shifted, keep)
         found |= quiet
         todo = [n for n in todo if n in cut] if len(cut) < len(todo) else []
     return found
 
 
-def _silent_among(names: list[str], params: dict, hosts: dict, mods: dict, loss, shifted) -> tuple[set, set]:
-    """silent's pass over `names`: (the names found silent, the names the memory cut short)."""
+def _silent_among(names: list[str], params: dict, hosts: dict, mods: dict, loss, shifted,
+                  keep: dict | None = None) -> tuple[set, set]:
+    """silent's pass over `names`: (the names found silent, the names the memory cut short); see silent's `keep`."""
     import torch
 
     from .readback import read_back
@@ -78,6 +86,10 @@ def _silent_among(names: list[str], params: dict, hosts: dict, mods: dict, loss,
     # a name whose tensors the memory cut short is not known quiet
     quiet = {n for n in hosts if n not in kept.cut and not any(id(t) in moving for t in kept.tensors[n])}
     rest = [n for n in hosts if n not in quiet and n not in kept.cut]
+    if keep is not None:   # the gradients at their tensors only: the silent names' are not held on
+        held = {id(t) for n in rest for t in kept.tensors[n]}
+        at = {k: g for k, g in grads.items() if k in held}
+        keep.update((n, (kept.tensors[n], at)) for n in rest)
     if shifted is None or not rest:
         return quiet, set(kept.cut)
     after = shifted(rest, _measure(watched, hosts, mods, loss, rest, budget))

@@ -124,19 +124,21 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) 
     bounds: dict[str, float | None] = {}
 
     hushed: list[set[str]] = []
+    traced: dict = {}   # what silent's pass kept, for derived.bound
 
     def silent(n: str) -> bool:   # derived.silent's one pass for every name, at the first that needs it
         if not hushed:
             try:
-                hushed.append(derived.silent(work, names, calls.count, loss, test.shifted))
+                hushed.append(derived.silent(work, names, calls.count, loss, test.shifted, traced))
             except Exception:   # noqa: BLE001 - not known: each name is measured alone
                 hushed.append(set())
+                traced.clear()
         return n in hushed[0]
 
     def bound(n: str) -> float | None:
         if n not in bounds:
             bounds[n] = _widest(calls, work, n, lambda m: test.shifted([n], m), ctx, wide, loss,
-                                reach.SEEN * test.seen / MAX_SCALE, silent)
+                                reach.SEEN * test.seen / MAX_SCALE, silent, traced)
         return bounds[n]
 
     # what its own float64 gradient already says moves the loss is no cancellation (_scale): asking it in the
@@ -163,14 +165,14 @@ def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) 
     return {n for n, v in scales.items() if v == 1.0} | kept, skipped
 
 
-def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, silent) -> float | None:
+def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, silent, traced=None) -> float | None:
     """calls.bound at the module's own output; where that is too faint for any shift to show (below `faint`), the
     bound at the ops inside the nearest ancestor that ran (derived.py), the larger of the two. A cancellation
     after a broadcast (a per-channel time embedding added to a feature map, then a GroupNorm of one channel per
     group: a sweep's tiny diffusers UNet) leaves the module's own output gradient at rounding, while the sum it
     is added into has a live one. What moves nothing (a weight fed zeros) or only what no gradient reaches (a
     discarded half) is 0 at every cut, and keeps its verdict. `silent(name)`: no op inside the ancestor gets a
-    gradient from it (derived.silent), so its bound there is 0 and is not measured."""
+    gradient from it (derived.silent), so its bound there is 0 and is not measured; `traced`: what that pass kept."""
     b = calls.bound(name, shifted, ctx, wide, loss)
     if b is None or b >= faint or not calls.count.get(owner(name)):
         return b
@@ -178,7 +180,7 @@ def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, sile
     if at is None or silent(name):
         return b
     try:
-        inner = derived.bound(work, name, at, loss, shifted)   # `loss` runs the forward under `wide` itself
+        inner = derived.bound(work, name, at, loss, shifted, traced)   # `loss` runs the forward under `wide` itself
     except Exception:   # noqa: BLE001 - what cannot be measured keeps the module's own bound
         return b
     return max(b, inner) if inner is not None else b
