@@ -41,6 +41,7 @@ CODES: dict[str, tuple[str, ...]] = {
     "optimizer-cannot-fit": ("opt", "lr"),      # the default optimizer memorises the batch the run's cannot
     "lr-too-large": ("lr",),                    # a tenth of the rate memorises the batch the run collapsed on
     "loss-rose": ("lr", "loss"),                # the steps raise the loss: a rate too large, or a gradient's sign
+    "maximize-on-loss": ("loss", "opt"), "negated-loss": ("loss",),   # the steps climb torch's own loss by design
     "gradients-stopped": ("opt", "act"),        # stepping over parameters the loss stopped reaching (a model replaced
                                                 # after its optimizer was built), or whose gradients are all 0 (dead units)
     # initialisation

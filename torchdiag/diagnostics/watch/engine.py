@@ -984,7 +984,8 @@ class Engine:
                         self._look_at_nll_input("nll_loss", ignore, x.detach().float(), target)
                 continue
             kind = {"probs": "probs_into_loss", "broadcast": "loss_broadcast", "dim": "loss_dim",
-                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss"}[fault[0]]
+                    "sigmoid": "sigmoid_into_loss", "classes": "loss_classes", "dropout": "dropout_into_loss",
+                    "minimised": "loss_minimised"}[fault[0]]
             if kind == "dropout_into_loss":   # looks, and those whose mask averaged exactly 1 (graph._dropped)
                 looks = self.checks.setdefault("dropout_looks", [0, 0])
                 looks[0], looks[1] = looks[0] + 1, looks[1] + fault[3]

@@ -5,6 +5,7 @@ TorchScript and pickling in a review)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 NEAR = 64   # nodes looked at, nearest the loss first: a loss's own ops are within a few of it
 ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_l1_loss",
@@ -14,7 +15,10 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 def loss_faults(fn) -> list[tuple]:
     """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
     ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss) | ("classes", C) | ("dropout", loss,
-    share zeroed or NaN, its mask's mean exactly 1) | ("nll", input, target, ignore_index)] found near `fn`:
+    share zeroed or NaN, its mask's mean exactly 1) | ("nll", input, target, ignore_index) | ("minimised", loss)]
+    found near `fn`:
+    - the loss is one of torch's losses (a quantity to minimise) times a constant, plus a constant: its name and the
+      constant's sign (-1: `-F.cross_entropy(...)`), for a run that climbs it;
     - the loss is a cross-entropy itself, its mean (nll_loss at the root): its class count, for a plateau's chance
       level;
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
@@ -44,6 +48,10 @@ def loss_faults(fn) -> list[tuple]:
         if node is fn and kind.startswith("NllLoss") and getattr(node, "_saved_reduction", 0) == 1 \
                 and _class_size(node) > 1:
             found.append(("classes", _class_size(node)))
+        if node is fn:   # the loss is one of torch's own, at most scaled, shifted or negated
+            inner, sign = _signed_loss(fn)
+            if type(inner).__name__ in LOSS_INPUTS and type(inner).__name__ != "LogSoftmaxBackward0":
+                found.append(("minimised", LOSS_INPUTS[type(inner).__name__], sign))
         if kind == "LogSoftmaxBackward0" and _softmax(source):
             found.append(("probs", "cross_entropy", _classes(source), True, _smoothing(node, parents, _classes(source))))
         elif kind.startswith("NllLoss") and _softmax(source):
@@ -75,6 +83,39 @@ def loss_faults(fn) -> list[tuple]:
             parents.setdefault(id(f), node)
             queue.append(f)
     return found
+
+
+SHIFTS = {"AddBackward0": 1, "SubBackward0": -1}   # a + alpha*b, a - alpha*b: b's sign (alpha is saved)
+
+
+def _signed_loss(fn, depth: int = 8) -> tuple[object, int]:
+    """(the node under `fn` past ops with one operand that carries a gradient: a negation, a constant's product or
+    quotient, a constant added or subtracted; the sign those ops give it): `3 - ce` is ce's with -1, `ce / 4` +1."""
+    sign, node = 1, fn
+    for _ in range(depth):
+        kind = type(node).__name__
+        nexts = [f for f, _ in getattr(node, "next_functions", ())]
+        live = [i for i, f in enumerate(nexts) if f is not None]
+        if kind == "NegBackward0" or kind == "RsubBackward1":
+            sign, node = -sign, nexts[0]
+        elif kind in ("AddBackward1", "SubBackward1") and live == [0]:
+            node = nexts[0]
+        elif kind in SHIFTS and len(live) == 1:
+            alpha = float(getattr(node, "_saved_alpha", 1))
+            sign *= 1 if live == [0] else SHIFTS[kind] * (1 if alpha >= 0 else -1)
+            node = nexts[live[0]]
+        elif kind in ("MulBackward0", "DivBackward0") and len(live) == 1 and (kind == "MulBackward0" or live == [0]):
+            const: Any = getattr(node, "_saved_other" if live == [0] else "_saved_self", None)
+            # a Python number's wrapped scalar is on the CPU: reading it is no device sync (a CUDA one is not read)
+            one = isinstance(const, (int, float)) or (hasattr(const, "numel") and const.numel() == 1
+                                                      and const.device.type == "cpu")
+            value = float(const) if one else None
+            if not value:
+                break
+            sign, node = sign * (1 if value > 0 else -1), nexts[live[0]]
+        else:
+            break
+    return node, sign
 
 
 def _smoothing(log_softmax, parents: dict, classes: int) -> float | None:

@@ -1143,17 +1143,57 @@ def _finite_pairs(steps, values):
     return [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(v)]
 
 
+def _climbs(engine) -> bool:
+    """The counted optimizer maximizes (maximize=True): its steps climb the loss, so the objective is −loss."""
+    clock = engine.tracks.get(id(engine.clock)) if engine.clock is not None else None
+    return clock is not None and clock.maximizes()
+
+
+def _climbed_loss(result: Result, engine) -> bool:
+    """The run's one optimizer climbs a loss that is one of torch's own (a cross-entropy, an MSE: a quantity to
+    minimise), read from its graph: `maximize=True` on it (maximize-on-loss), or it minimised minus it
+    (negated-loss), and the loss did rise. True when said: its climbing curve is that cause, not a learning rate (a
+    sweep: Adam(maximize=True) on cross_entropy, 2.5 -> 3.3e4, was told to lower the rate)."""
+    seen = engine.checks.get("loss_minimised")   # (step, loss, the sign the loss was taken with)
+    one = sum(not t.retired for t in engine.tracks.values()) == 1   # a GAN's generator climbs its critic's loss
+    climbs = _climbs(engine)
+    if not seen or not one or (seen[2] < 0) == climbs:
+        return False
+    values = [seen[2] * v for _, v in _finite_pairs(result.series["step"], result.series["loss"])]
+    w = window(len(values))
+    if len(values) < 2 * w or statistics.median(values[-w:]) <= statistics.median(values[:w]):
+        return False
+    loss = f"{'a cross-entropy' if seen[1] == 'nll_loss' else seen[1]} (read from its graph at step {seen[0]}: " \
+           f"{seen[1]} at its root)"
+    rose = f"it rose from {statistics.median(values[:w]):.4g} to {statistics.median(values[-w:]):.4g} (first and last {w} steps' medians)"
+    kind = engine.tracks[id(engine.clock)].kind
+    if climbs:
+        result.add("maximize-on-loss", "error", "", f"{kind} has maximize=True: each step climbs the loss, {loss}, "
+                   f"a quantity to minimise; {rose}",
+                   "drop maximize=True: it is for an objective to raise (a reward, a log-likelihood)")
+    else:
+        result.add("negated-loss", "error", "", f"the loss is minus {loss}: each step climbs "
+                   f"it, a quantity to minimise; {rose}",
+                   "drop the minus sign (to raise it on purpose, as unlearning does, expect it to climb without bound)")
+    return True
+
+
 def _curves(result: Result, engine) -> None:
     opts = engine.opts
     steps = result.series["step"]
-    pairs = _finite_pairs(steps, result.series["loss"])
+    if _climbed_loss(result, engine):
+        return
+    climbs = _climbs(engine)   # the run raises its loss: judged as −loss (a sweep: a log-likelihood's rise was an error)
+    losses = [-v if climbs and v is not None else v for v in result.series["loss"]]
+    pairs = _finite_pairs(steps, losses)
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    parts = [(sub, of + more) for picked, of in _objectives(engine, steps, result.series["loss"])
+    parts = [(sub, of + more + (" (judged on −loss: the optimizer maximizes the loss, maximize=True)" if climbs
+                                 else "")) for picked, of in _objectives(engine, steps, losses)
              for sub, more in _reach_groups(result, engine, picked) or [(picked, "")]]
     for picked, of in parts:
         at = [steps[i] for i in picked]
-        part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
+        part = _finite_pairs(at, [losses[i] for i in picked])
         if len(part) >= 10 and not constant:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
             _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine),

@@ -164,6 +164,11 @@ class Track:
             self.main_group = opt.param_groups[self.main]
         return rate(self.main_group.get("lr"))
 
+    def maximizes(self) -> bool:
+        """Its main group climbs the loss (`maximize=True`, gradient ascent), as the group says now."""
+        self.lr()   # the group dict as the optimizer holds it now
+        return bool(self.main_group.get("maximize", False))
+
     def inherit(self, old) -> None:
         """The counts of the track its optimizer left (add_param_group): one optimizer, its steps counted on."""
         if old is None:
