@@ -335,10 +335,12 @@ def test_whole_pickled_model_is_named_not_loaded(spec, tmp_path, cli):
     torch.save(mod.build(), tmp_path / "model.pt")
     torch.save({"epoch": 1, "model": mod.build()}, tmp_path / "wrapped.pt")
     forget_module(tmp_path, "model_gone")
-    for name in ("model.pt", "wrapped.pt"):
+    # the file's own top level is said (a sweep: a config dict under `model` had its keys listed as the file's)
+    for name, found in (("model.pt", "a pickled torch.nn.modules.container.Sequential"),
+                        ("wrapped.pt", "epoch, model (a pickled torch.nn.modules.container.Sequential)")):
         r = cli("summary", spec, "--checkpoint", tmp_path / name, "--json")
         assert r.code == 2
-        assert "holds no state dict (found: a pickled torch.nn.modules.container.Sequential)" in r.json["error"]["message"]
+        assert f"holds no state dict (found: {found})" in r.json["error"]["message"], r.json["error"]
         assert "model.state_dict()" in r.json["error"]["hint"]
 
 
@@ -797,3 +799,61 @@ def test_a_plain_pickle_is_refused_in_words(spec, tmp_path, cli):
         r = cli("summary", spec, "--checkpoint", tmp_path / name, "--json")
         assert r.code == 2 and "\x1b[" not in r.stderr + r.stdout, r.stderr
         assert "does not read as torch.save's: written by pickle.dump, or cut short" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name", ["model_best.pth.tar", "weights", "W.PT", "w.SAFETENSORS", "shards.bin.tar"])
+def test_a_checkpoint_named_otherwise_is_read_by_its_first_bytes(spec, tmp_path, name):
+    """A sweep: timm's train.py and pytorch/examples' ImageNet write `model_best.pth.tar`; that, an upper-case
+    ending and a file without one were "unknown kind of file", though torch.load reads them."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / name
+    if "safetensors" in name.lower():
+        save_file(trained(), str(path))
+    else:
+        torch.save({"epoch": 3, "state_dict": trained()}, path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded"]
+
+
+@pytest.mark.parametrize("beside", [{"best_acc1": torch.tensor(12.5)}, {"epoch": torch.tensor(3)}])
+def test_a_trainers_tensor_scalar_beside_its_state_dict_is_not_the_state_dict(spec, tmp_path, beside):
+    """pytorch/examples' ImageNet checkpoint keeps `best_acc1` as a tensor beside `state_dict`: the top level was read
+    as the state dict ("0 tensors loaded, 8 missing, 1 unexpected (best_acc1)"), and --no-strict-checkpoint ran on
+    the factory's random weights."""
+    path = tmp_path / "checkpoint.pth"
+    torch.save({"epoch": 1, "arch": "net", "state_dict": {"module." + k: v for k, v in trained().items()}, **beside},
+               path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'module.' stripped"]
+
+
+def test_a_model_entry_holding_a_config_is_passed_over_for_the_weights(spec, tmp_path, cli):
+    path = tmp_path / "cfg.pt"
+    torch.save({"model": {"arch": "net", "depth": 2}, "weights": trained(), "epoch": 3}, path)
+    model, _ = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    torch.save({"model": {"arch": "net"}, "epoch": 3}, path)   # no weights at all: the file's own keys are said
+    r = cli("summary", spec, "--checkpoint", path)
+    assert r.code == 2 and "holds no state dict (found: model, epoch)" in r.stderr, r.stderr
+
+
+def test_two_parts_that_fit_alike_are_not_guessed_between(spec, tmp_path, cli):
+    """A GAN's checkpoint: `generator.` and `discriminator.`, both the factory's class. The alphabetically first
+    prefix was stripped and the discriminator loaded, silently under --no-strict-checkpoint. A wrapper's own name
+    (Lightning's `model.` beside `ema_model.`) is still taken."""
+    path = tmp_path / "gan.ckpt"
+    zeros = {k: torch.zeros_like(v) for k, v in trained().items()}
+    torch.save({"state_dict": {**{"generator." + k: v for k, v in trained().items()},
+                               **{"discriminator." + k: v for k, v in zeros.items()}}}, path)
+    for extra in ((), ("--no-strict-checkpoint",)):
+        r = cli("summary", spec, "--checkpoint", path, *extra)
+        assert r.code == 2, r.stderr
+        one_error_line(r)
+        assert "'discriminator.'" in r.stderr and "'generator.'" in r.stderr and "not known" in r.stderr, r.stderr
+    torch.save({"state_dict": {**{"model." + k: v for k, v in trained().items()},
+                               **{"ema_model." + k: v for k, v in zeros.items()}}}, path)
+    model, ctx = loaded_model(spec, path, strict_checkpoint=False)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())

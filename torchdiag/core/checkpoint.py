@@ -153,15 +153,44 @@ def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
                          hint="name the file: model.safetensors, model.safetensors.index.json, weights.pt, last.ckpt")
     regular_file(path, "--checkpoint", hint="name a checkpoint file on disk (a device, FIFO or socket is never read)")
     meta = device is not None and device.type == "meta"
-    if path.endswith(".index.json"):
+    kind = _kind(path)
+    if kind == "index":
         return _read_index(path, meta), meta
-    if path.endswith(".safetensors"):
+    if kind == "safetensors":
         return (_read_header(path) if meta else _read_safetensors(path)), meta
-    if path.endswith(TORCH_SUFFIXES):
+    if kind == "torch":
         obj, made = _torch_load(path, meta)
         return _unwrap(obj, path, made, meta), meta and _is_zip(path)
     raise UsageError(f"--checkpoint {path}: unknown kind of file",
-                     hint="torchdiag reads .safetensors, .safetensors.index.json, .pt, .pth, .bin and Lightning .ckpt")
+                     hint="torchdiag reads .safetensors, .safetensors.index.json, .pt, .pth, .bin and Lightning .ckpt "
+                          "(another name where its first bytes are a torch.save zip or pickle, or a safetensors header)")
+
+
+def _kind(path: str) -> str | None:
+    """"index", "safetensors" or "torch" by the name's ending in any case; else by the first bytes, as torch.load
+    itself goes (timm's and pytorch/examples' model_best.pth.tar, a file named `weights`: a sweep, refused)."""
+    low = path.lower()
+    if low.endswith(".index.json"):
+        return "index"
+    if low.endswith(".safetensors"):
+        return "safetensors"
+    if low.endswith(TORCH_SUFFIXES):
+        return "torch"
+    return _sniffed(path)
+
+
+def _sniffed(path: str) -> str | None:
+    """"torch" (a zip, or a pickle of protocol 2+: 0x80), "safetensors" (its header's length, then '{'), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return None
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path):
+        return "safetensors"
+    return None
 
 
 def header(path: str, data_read: bool = True) -> dict[str, Any]:
@@ -339,14 +368,10 @@ def _hostile_refusal(path: str, names: list[str]) -> UsageError | None:
 def _foreign(path: str) -> str | None:
     """What a file torch.load could not read is, where its first bytes say it is not torch.save's: neither a zip
     nor a pickle (protocol 2+ opens with 0x80). A safetensors file opens with its header's length, then '{'."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-    except OSError:
+    kind = _sniffed(path)
+    if kind == "torch":
         return None
-    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
-        return None
-    if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path):
+    if kind == "safetensors":
         return "it is a safetensors file, not one written by torch.save"
     # a pickle of protocol 0 or 1 (torch.save(..., pickle_protocol=1)) opens otherwise too: weights_only reads neither
     return ("it begins with neither a zip nor a pickle protocol 2+ header: another kind of file, or a pickle too old "
@@ -490,14 +515,12 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
     import torch
 
     made = made or {}
+    top = obj
     for _ in range(3):   # a Lightning/trainer dict around the state dict ({'checkpoint': {'model': …}} too)
-        if isinstance(obj, dict) and not _is_state(obj):
-            inner = _inner(obj)
-            if inner is None:
-                break
-            obj = inner
+        if isinstance(obj, dict) and _around(obj):
+            obj = _inner(obj)
     if not isinstance(obj, dict) or not _is_state(obj):
-        raise UsageError(f"{path} holds no state dict (found: {_found(obj, made)})",
+        raise UsageError(f"{path} holds no state dict (found: {_found(top, made)})",
                          hint="save one with torch.save(model.state_dict(), 'weights.pt')")
     # dict's own methods: an unpickled OrderedDict may carry instance attributes (`items`) from the file
     foreign = [(k, _stood_for(v, made)) for k, v in dict.items(obj) if _stood_for(v, made)]
@@ -512,14 +535,33 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
 EXTRA_STATE = "_extra_state"   # torch's suffix for get_extra_state(): plain containers under weights_only
 
 
+def _around(obj: dict) -> bool:
+    """A trainer's dict around the weights: no state dict itself, or one whose few tensors (pytorch/examples'
+    tensor `best_acc1`, an `epoch` tensor) sit beside an entry holding more (a sweep: "0 tensors loaded, 8
+    missing, 1 unexpected (best_acc1)", and --no-strict-checkpoint ran on random weights)."""
+    inner = _inner(obj)
+    return inner is not None and (not _is_state(obj) or _tensors(inner, 3) > _tensors(obj, 1))
+
+
 def _inner(obj: dict):
-    """The dict a trainer's checkpoint holds the weights in: a NESTED_KEYS entry, else its one entry that is a
-    dict holding tensors somewhere inside (an EMA copy beside the model is two: not guessed)."""
-    named = next((dict.get(obj, k) for k in NESTED_KEYS if isinstance(dict.get(obj, k), dict)), None)
+    """The dict a trainer's checkpoint holds the weights in: a NESTED_KEYS entry holding tensors, else its one entry
+    that is a dict holding tensors somewhere inside (an EMA copy beside the model is two: not guessed; a `model`
+    entry holding the model's config beside `weights` is not it: a sweep)."""
+    named = next((dict.get(obj, k) for k in NESTED_KEYS
+                  if isinstance(dict.get(obj, k), dict) and _holds_tensors(dict.get(obj, k), 3)), None)
     if named is not None:
         return named
     inside = [v for v in dict.values(obj) if isinstance(v, dict) and _holds_tensors(v, 3)]
     return inside[0] if len(inside) == 1 else None
+
+
+def _tensors(obj, depth: int) -> int:
+    """The tensors in a dict and in its dicts, `depth` levels down."""
+    import torch
+
+    if depth <= 0 or not isinstance(obj, dict):
+        return 0
+    return sum(1 if isinstance(v, torch.Tensor) else _tensors(v, depth - 1) for v in dict.values(obj))
 
 
 def _holds_tensors(obj, depth: int) -> bool:
@@ -565,45 +607,63 @@ def _is_state(obj: dict) -> bool:
 
 # ---- loading -----------------------------------------------------------------------------------------
 
-def strip_prefix(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, Any], str]:
+def strip_prefix(state: dict[str, Any], model_keys: set[str], path: str = "") -> tuple[dict[str, Any], str]:
     """Strip a prefix the model's keys do not have (`model.` of a LightningModule, `module.` of DDP,
     `_orig_mod.` of torch.compile, or any first name all keys share) when that makes more keys fit."""
     done = ""
     for _ in range(3):   # stacked: DDP around a compiled model saves `module._orig_mod.` (a review)
-        state, prefix = _strip_once(state, model_keys)
+        state, prefix = _strip_once(state, model_keys, path)
         if not prefix:
             break
         done += prefix
     return state, done
 
 
-def _strip_once(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, Any], str]:
-    best, best_hits = "", len(model_keys & state.keys())
+def _strip_once(state: dict[str, Any], model_keys: set[str], path: str) -> tuple[dict[str, Any], str]:
     firsts = {k.split(".", 1)[0] + "." for k in state if "." in k}
     shared = _shared_head(list(state))   # every key's leading names: `module._orig_mod.` stripped as one
     heads = {".".join(shared[:i]) + "." for i in range(2, len(shared) + 1)}
     candidates = list(STRIP_PREFIXES) + sorted((firsts | heads) - set(STRIP_PREFIXES))
-    for prefix in candidates:
-        for twice in (prefix, prefix * 2):
-            stripped = {k[len(twice):] if k.startswith(twice) else k: v for k, v in state.items()}
-            hits = len(model_keys & stripped.keys())
-            if hits > best_hits:
-                best, best_hits = twice, hits
-    if not best:
-        return state, ""
-    return {k[len(best):] if k.startswith(best) else k: v for k, v in state.items()}, best
+    tried = {twice: {k[len(twice):] if k.startswith(twice) else k: v for k, v in state.items()}
+             for prefix in candidates for twice in (prefix, prefix * 2)}
+    return _best_fit(state, tried, model_keys, path, "stripped")
 
 
-def add_prefix(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, Any], str]:
+def add_prefix(state: dict[str, Any], model_keys: set[str], path: str = "") -> tuple[dict[str, Any], str]:
     """Put a prefix in front of every key when that makes more keys fit: a base model saved alone (BertModel's
     `embeddings.…`) loaded into one with a head that holds it (BertForMaskedLM's `bert.embeddings.…`), as
     transformers' from_pretrained does (a sweep: 44 missing and 39 unexpected keys, no word of the prefix)."""
-    best, best_hits = "", len(model_keys & state.keys())
-    for prefix in sorted({k.split(".", 1)[0] + "." for k in model_keys if "." in k}):
-        hits = len(model_keys & {prefix + k for k in state})
-        if hits > best_hits:
-            best, best_hits = prefix, hits
-    return ({best + k: v for k, v in state.items()}, best) if best else (state, "")
+    tried = {prefix: {prefix + k: v for k, v in state.items()}
+             for prefix in sorted({k.split(".", 1)[0] + "." for k in model_keys if "." in k})}
+    return _best_fit(state, tried, model_keys, path, "added")
+
+
+def _best_fit(state: dict, tried: dict[str, dict], model_keys: set[str], path: str, how: str) -> tuple[dict, str]:
+    """The first of the `tried` renamings that fits the most keys, more than `state` as it is; ("", state) when
+    none does. Two that fit as many keys with other tensors (a GAN's `generator.` and `discriminator.`, a
+    teacher and a student of one class) are not guessed between (a sweep: the alphabetically first was loaded)."""
+    base = len(model_keys & state.keys())
+    hits = {p: len(model_keys & t.keys()) for p, t in tried.items()}
+    top = max(hits.values(), default=0)
+    if top <= base:
+        return state, ""
+    fits: dict[frozenset, str] = {}
+    for p in (p for p, h in hits.items() if h == top):   # in order: the first of those alike is the one said
+        fits.setdefault(frozenset((k, id(v)) for k, v in tried[p].items() if k in model_keys), p)
+    usual = [p for p in fits.values() if p in STRIP_PREFIXES or p[:len(p) // 2] in STRIP_PREFIXES]
+    if len(fits) > 1 and len(usual) == 1:   # a wrapper's own name (Lightning's `model.` beside its `ema_model.`)
+        return tried[usual[0]], usual[0]
+    if len(fits) > 1:
+        a, b = list(fits.values())[:2]
+        part = (f"keys under '{a}' or under '{b}'" if how == "stripped" else
+                f"keys with the prefix '{a}' added or with '{b}'")
+        raise UsageError(f"--checkpoint {path}: {top} of the model's keys fit the file's {part}: which part is "
+                         "meant is not known", hint=("save the part you mean alone: torch.save({k[len('" + a + "'):]: "
+                                                     "v for k, v in sd.items() if k.startswith('" + a + "')}, "
+                                                     "'part.pt')") if how == "stripped" else
+                         "load the file into the part you mean: a factory that returns that submodule")
+    best = next(iter(fits.values()))
+    return tried[best], best
 
 
 def _shared_head(keys: list[str]) -> list[str]:
@@ -621,8 +681,8 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     saved with, where the model is another (other_head)."""
     state, header_only = read_state(path, device)
     ours = model.state_dict(keep_vars=True)
-    state, stripped = strip_prefix(state, set(ours))
-    state, added = add_prefix(state, set(ours)) if not stripped else (state, "")
+    state, stripped = strip_prefix(state, set(ours), path)
+    state, added = add_prefix(state, set(ours), path) if not stripped else (state, "")
     report = Report(path, stripped=stripped, added=added, header_only=header_only)
     meta = device is not None and device.type == "meta"
     fitting = _sort(model, state, ours, report, meta)
