@@ -210,17 +210,18 @@ def test_fine_model_passes_in_every_precision(how):
 
 
 def test_reduced_precision_pass_costs_no_extra_sync():
-    """The Watch's magnitudes ride on the pass's one read-back."""
+    """The Watch's magnitudes ride on the pass's one read-back. float16's cast reads one thing more, once, before any
+    pass: do the weights fit its range (core.precision.cast_overflow, one read for all)? bfloat16 keeps float32's."""
     import torchdiag
     from torchdiag.core.syncs import SyncCounter
 
     model, inputs = load("precision.py:fine")
     counts = []
-    for how in ({}, {"dtype": "float16"}):
+    for how in ({}, {"dtype": "float16"}, {"dtype": "bfloat16"}):
         with SyncCounter() as s:
             torchdiag.api.run("nancheck", model, inputs, **how)
         counts.append(s.total)
-    assert counts[0] == counts[1]
+    assert counts[1] == counts[0] + 1 and counts[2] == counts[0], counts
 
 
 # --- --steps with --amp fp16: the GradScaler ------------------------------------------------------
@@ -590,3 +591,39 @@ def test_doctor_float32_probe_falls_back_where_the_copy_cannot_run(kind):
         model, x = Casts(), torch.randn(4, 3, 8, 8)
     res = run("doctor", model.to(torch.bfloat16), (x.to(torch.bfloat16),))
     assert int(res.exit_code) in (0, 1), res.exit_code   # ran to its verdict (an internal error raises here)
+
+
+@pytest.mark.parametrize("how", ["cli", "api"])
+def test_a_weight_beyond_float16s_range_is_the_casts_doing(how, tmp_path, cli):
+    """A sweep: a finite float32 checkpoint holding 1e6 under --dtype float16. The cast made it Inf, and nancheck
+    blamed the checkpoint ("check the initialisation or the checkpoint") and said the float32 reference had it too:
+    "not a precision problem". Plain torch: the float32 model is finite; .half() turns 1e6 into Inf."""
+    import torchdiag
+
+    (tmp_path / "net.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "def build():\n    torch.manual_seed(0)\n    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+        "    with torch.no_grad():\n        m[2].weight[0, 0] = 1e6\n    return m\n"
+        "def example_inputs():\n    return (torch.rand(4, 8),)\n")
+    assert torch.isinf(torch.tensor(1e6).half()) and torch.tensor(1e6).half().dtype == torch.float16
+    if how == "cli":
+        r = cli("nancheck", f"{tmp_path}/net.py:build", "--dtype", "float16", "--json")
+        assert r.code == 1, r.stderr
+        header, found = r.json["precision"], {(f["code"], f["where"]): f for f in r.json["findings"]}
+    else:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("net_overflow", tmp_path / "net.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        model = mod.build()
+        res = torchdiag.api.run("nancheck", model, mod.example_inputs(), dtype="float16")
+        assert model[2].weight.dtype == torch.float32 and model[2].weight[0, 0] == 1e6   # the caller's, untouched
+        header = res.header["precision"]
+        found = {(f.code, f.where): {"message": f.message, "hint": f.hint} for f in res.findings}
+    assert "1 finite value(s) of 2.weight (up to |1e+06|) lie beyond float16's largest, 65504" in header, header
+    param = found[("non-finite-param", "2.weight")]
+    assert "made ±Inf by the --dtype cast" in param["message"] and "bfloat16" in param["hint"]
+    assert "checkpoint" not in param["hint"]
+    out = next(f for (code, _), f in found.items() if code == "non-finite-output")
+    assert "not a precision problem" not in out["message"] and "a precision problem" in out["message"], out

@@ -93,10 +93,10 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
 def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **options):
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
     from .commands import BY_NAME, get
-    from .core.context import context_for
+    from .core.context import context_for, precision_header
     from .core.lazy import materialise
     from .core.loading import DENSE_GRAD_COMMANDS, dense_embeddings, eager
-    from .core.precision import cast_copy, cast_inputs
+    from .core.precision import cast_copy, cast_inputs, cast_overflow
     from .runner.local import invoke
 
     if command not in BY_NAME:   # a KeyError before (a review)
@@ -124,6 +124,8 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     raw = as_inputs(model, inputs) if getattr(d, "TAKES_INPUTS", True) else None
     materialise(model, raw, ctx.header)   # lazy modules: as the caller's own first forward would (core/lazy.py)
     # dtype=: the diagnostic gets a cast copy and cast float inputs; the caller's model is never changed
+    ctx.overflow = cast_overflow(model, spec.dtype)
+    precision_header(ctx)
     work = cast_copy(model, spec.dtype)
     given = cast_inputs(raw, spec.dtype) if raw is not None else None
     ctx.observe(work, given)   # the auto loss sees what the inputs feed (a language model's ids)

@@ -13,7 +13,7 @@ from ..errors import ExitCode, UsageError, option_name
 from . import train
 from .lazy import materialise
 from .places import model_places
-from .precision import refuse_scaled_complex
+from .precision import overflow_words, refuse_scaled_complex
 from .run import RunSpec
 
 META_HINT = "use --device cpu or cuda (meta has shapes only: summary, flops and memory work there)"
@@ -41,6 +41,7 @@ class Context:
     # a copy run backward on the same batch keeps as much again (train_copy), on `share` of its samples that part
     activations: dict = field(default_factory=dict)
     share: float = 1.0
+    overflow: dict = field(default_factory=dict)   # core.precision.cast_overflow of the --dtype cast
 
     @property
     def seed(self) -> int:
@@ -303,7 +304,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
         load_model,
         own_step_note,
     )
-    from .precision import cast_inputs, cast_model, check_supported
+    from .precision import cast_inputs, cast_model, cast_overflow, check_supported
 
     device = resolve_device(spec.device)
     if needs_values and device.type == "meta":  # refused before the model is built
@@ -319,6 +320,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
         if spec.command in DENSE_GRAD_COMMANDS:
             dense_embeddings(loaded.model, loaded.header)   # the CLI's model is ours: not switched back
     checkpoints = load_checkpoints(spec, loaded, device)
+    overflow = cast_overflow(loaded.model, spec.dtype)
     cast_model(loaded.model, spec.dtype)   # --dtype, once, after the weights: the CLI's model is ours
     batch_target = None
     if spec.batch:
@@ -337,6 +339,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     ctx.observe(loaded.model, inputs)
     if checkpoints:
         ctx.header["checkpoint"] = [r.describe() for r in checkpoints]
+    ctx.overflow = overflow
     precision_header(ctx)
     return loaded.model, inputs, ctx
 
@@ -344,7 +347,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
 def precision_header(ctx: Context) -> None:
     """The precision in the header when the run asked for one (float32 runs keep their header as it was)."""
     if ctx.spec.dtype or ctx.spec.amp:
-        ctx.header["precision"] = ctx.precision.describe()
+        ctx.header["precision"] = ctx.precision.describe() + (
+            f"; {overflow_words(ctx.overflow, ctx.spec.dtype)}" if ctx.overflow and ctx.spec.dtype else "")
 
 
 def load_checkpoints(spec: RunSpec, loaded, device) -> list:

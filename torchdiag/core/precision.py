@@ -182,6 +182,39 @@ def cast_model(model, dtype: str | None):
     return model._apply(lambda t: t.to(target) if t.is_floating_point() else t)
 
 
+def cast_overflow(model, dtype: str | None) -> dict[str, tuple[int, float]]:
+    """The parameters and buffers whose finite values lie beyond `dtype`'s largest, which the cast turns into ±Inf:
+    {name: (how many, the largest |value|)}, read back once for all; {} where the cast narrows no exponent range
+    (bfloat16 keeps float32's: its largest is float32's to 0.4%, a band no weight sits in, not worth a read). A sweep: a checkpoint's 1e6 became Inf under --dtype float16, and nancheck blamed the file."""
+    if dtype is None:
+        return {}
+    import torch
+
+    from .readback import read_back
+
+    top = torch.finfo(getattr(torch, dtype)).max
+    named = [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()]
+             if t.is_floating_point() and not t.is_complex() and t.numel() and t.device.type != "meta"
+             and torch.finfo(t.dtype).max > 2 * top]   # a narrower exponent range (not bfloat16's from float32)
+    if not named:
+        return {}
+    with torch.no_grad():
+        sizes = [t.detach().abs().masked_fill(~torch.isfinite(t.detach()), 0) for _, t in named]
+        values = read_back([v for s in sizes for v in ((s > top).sum(), s.amax())])
+    return {n: (int(values[2 * i]), float(values[2 * i + 1])) for i, (n, _) in enumerate(named) if values[2 * i]}
+
+
+def overflow_words(overflow: dict[str, tuple[int, float]], dtype: str) -> str:
+    """The header's words for cast_overflow's names."""
+    import torch
+
+    names = list(overflow)
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    count = sum(c for c, _ in overflow.values())
+    return (f"{count} finite value(s) of {shown} (up to |{max(m for _, m in overflow.values()):.3g}|) lie beyond "
+            f"{dtype}'s largest, {torch.finfo(getattr(torch, dtype)).max:.6g}: the cast made them ±Inf")
+
+
 def needs_cast(model, dtype: str | None) -> bool:
     """True when some floating parameter or buffer of `model` is not already `dtype`."""
     if dtype is None:

@@ -153,7 +153,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     fill = filled(report, ctx)   # the forward's ±Inf are constants the model writes (core/fills.py)
     report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite,
                    output_finite=not report.output_bad, mask_made=made,
-                   carried=ctx.fills().harmless if fill is not None and backward_finite(report) else set())
+                   carried=ctx.fills().harmless if fill is not None and backward_finite(report) else set(),
+                   overflow=ctx.overflow)
     if (why := fills_note(report, ctx)) is not None:
         result.notes.append(why)
     report_pass(result, report, fill)

@@ -97,6 +97,9 @@ def cause_text(c: dict) -> str:
     dt, lim = c["dtype"], g(c["largest_finite"])
     if c["kind"] == "also-float32":
         return "; the float32 reference run has it too, at the same place: not a precision problem"
+    if c["kind"] == "cast-overflow":
+        return (f"; weights beyond {dt}'s largest finite {lim} became ±Inf in the {dt} cast (the header): a precision "
+                "problem; the float32 reference, upcast from the cast weights, has them too")
     if c["kind"] == "float32-elsewhere":
         return f"; the float32 reference run is non-finite too, first at {c['float32_module']}: not only a precision problem"
     if c["phase"] == "forward":
@@ -122,10 +125,14 @@ def cause_text(c: dict) -> str:
             f"a {dt} effect (rounding or underflow), not an overflow")
 
 
-def explain(result: Result, cause: dict | None) -> None:
-    """Append the precision reason to the finding of the module it explains."""
+def explain(result: Result, cause: dict | None, overflow: dict | None = None) -> None:
+    """Append the precision reason to the finding of the module it explains. `overflow`: weights the cast made ±Inf
+    (core.precision.cast_overflow): the float32 reference, upcast from the cast copy, has them too, which says
+    nothing of float32 (a sweep: "not a precision problem" of a checkpoint's 1e6 under float16)."""
     if cause is None:
         return
+    if overflow and cause["kind"] == "also-float32":
+        cause = dict(cause, kind="cast-overflow")
     codes = ("non-finite-output",) if cause["phase"] == "forward" else ("non-finite-grad", "non-finite-param-grad")
     for f in result.findings:
         if f.code in codes and f.severity == "error":
@@ -216,7 +223,7 @@ def check_precision(result: Result, model, inputs, loss_fn, ctx, rep, watch, sta
         data["cause"] = forward_cause(rep, ref_rep, ref_watch, prec) or backward_cause(rep, ref_rep, ref_watch, prec)
         _inner_overflow(data["cause"], ref_work, inputs, ctx, state)
         _inner_origin(data["cause"], model, inputs, ctx, state)
-        explain(result, data["cause"])
+        explain(result, data["cause"], ctx.overflow)
     report_underflow(result, watch.grads if not failed else {}, ref_work if not failed else None, prec)
     result.data["reduced_precision"] = data
     result.summary.append(("Precision", f"{prec.describe()}; float32 reference: {ran}"))

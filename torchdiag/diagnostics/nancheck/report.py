@@ -36,8 +36,9 @@ def backward_finite(rep: PassReport) -> bool:
 
 def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pass: bool = False,
                    loss_finite: bool = True, output_finite: bool = True, mask_made: bool = False,
-                   carried: set | frozenset = frozenset()) -> None:
-    """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
+                   carried: set | frozenset = frozenset(), overflow: dict | None = None) -> None:
+    """Non-finite model inputs, parameters and buffers (before the forward); `overflow`: those the --dtype cast made
+    ±Inf (core.precision.cast_overflow). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each.
     So are additive-mask buffers in a forward whose every non-finite value is a fill (`carried`, by name:
@@ -75,9 +76,13 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
     for r in state_rows:
         if r in bounds:
             continue
+        cast = (overflow or {}).get(r["tensor"])
         result.add("non-finite-param", "error", r["tensor"],
-                   f"{r['kind']} {r['tensor']} ({r['shape']}) already holds {fmt_counts(r['nan'], r['inf'])}",
-                   hint="check the initialisation or the checkpoint that was loaded")
+                   f"{r['kind']} {r['tensor']} ({r['shape']}) already holds {fmt_counts(r['nan'], r['inf'])}" + (
+                       f": {cast[0]} finite value(s) up to |{cast[1]:.3g}| beyond the run's dtype's range, made ±Inf "
+                       "by the --dtype cast" if cast else ""),
+                   hint="run it in bfloat16 (float32's range) or float32, or keep those weights smaller" if cast else
+                   "check the initialisation or the checkpoint that was loaded")
     # JSON keys are stable: every table is present (empty lists on a clean run; the console and
     # TensorBoard skip empty tables), and optional parts are null when not requested
     result.tables.append(Table("non_finite_tensors", "Non-finite inputs, parameters and buffers", [
@@ -181,8 +186,10 @@ def report_forward(result: Result, rep: PassReport, fill: dict | None = None) ->
         # its own weight already non-finite (a checkpoint's NaN): the values are the weight's, not an operation's
         own = [f.where for f in result.findings if f.code == "non-finite-param"
                and (f.where.rsplit(".", 1)[0] if "." in f.where else "(root)") == forward["module"]]
+        cast = own and "made ±Inf by the --dtype cast" in next(f.message for f in result.findings if f.where == own[0])
         hint = (f"its own parameter {own[0]} is non-finite already (above): the weight carries it, not an operation; "
-                "look at the checkpoint or the initialisation" if own else
+                + ("its finite value lies beyond the run's dtype's range: run it in bfloat16 or float32" if cast else
+                   "look at the checkpoint or the initialisation") if own else
                 "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs"
                 + (" and in the submodules it runs under the transform, or call them outside it to have them measured"
                    if _transformed_in(forward["module"]) else "")
