@@ -381,6 +381,49 @@ def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
         assert f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
 
 
+DDP_MICRO = textwrap.dedent("""
+    import contextlib, sys, torch, torch.nn.functional as F, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo"); rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for i in range(80):                      # 4 micro-batches a step, the first 3 under no_sync
+        last = (i + 1) % 4 == 0
+        if sys.argv[1] == "inside":
+            opt.zero_grad()                  # the bug: the earlier micro-batches' gradients are lost
+        x = torch.randn(16, 8, generator=g)
+        with (contextlib.nullcontext() if last else model.no_sync()):
+            (F.cross_entropy(model(x), (x[:, 0] > 0).long()) / 4).backward()
+        if last:
+            opt.step()
+            if sys.argv[1] != "inside":
+                opt.zero_grad()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_under_torchrun_zero_grad_inside_ddps_no_sync_loop_is_seen_on_every_rank(tmp_path):
+    """A sweep: zero_grad() inside the micro-batch loop under DDP on 2 ranks went unseen, though one process saw it:
+    the step applies the ranks' mean, never this rank's own gradient, which read as a gradient the loop wrote."""
+    path = tmp_path / "micro.py"
+    path.write_text(DDP_MICRO)
+    for how, found in (("inside", True), ("after", False)):
+        r = torchrun_args("-m", "torchdiag", "watch", "--json", "--every", "5", "--", "python", path, how, env=ENV,
+                          cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        doc = json.loads(r.stdout)
+        cleared = [f for f in doc["findings"] if f["code"] == "grad-cleared-before-step"]
+        assert bool(cleared) == found, doc["findings"]
+        if found:
+            assert cleared[0]["ranks"] == [0, 1], cleared
+        assert not [f for f in doc["findings"] if f["severity"] in ("warning", "error")
+                    and f["code"] != "grad-cleared-before-step"], doc["findings"]
+
+
 RANK1_RAISES = textwrap.dedent("""
     import os, torch
     rank = int(os.environ["RANK"])

@@ -546,6 +546,7 @@ class Track:
             if self.fired_at[i][1] > self.skipped_at and self.fired_who[i] is not None:
                 by.setdefault(self.fired_who[i][0], []).append(i)
         values, calls = [], set()
+        reduced = _ranks() > 1   # the step applies the ranks' mean (DDP, FSDP, an all_reduce by hand), not this one's
         for pid, idx in by.items():
             ref, direction = self.kept.get(pid, (None, None))
             param = ref() if ref is not None else None
@@ -558,7 +559,8 @@ class Track:
                     continue
                 weights = torch.stack([self.fired_who[i][2] for i in idx])
                 moved = (weights != weights[:1]).any().float()
-                written = ((now - direction).abs() > 1e-4).any().float()
+                # (not asked across ranks: a sweep's zero_grad inside DDP's no_sync loop went unseen on 2 ranks)
+                written = self._zero if reduced else ((now - direction).abs() > 1e-4).any().float()
                 # each later look found .grad gone, or zero where the backward before had left it non-zero
                 # (zero_grad(set_to_none=False), a review's miss); a masked task's exact zeros were never non-zero
                 kept = torch.stack([self._one if self.fired_who[j][3] else self.fired_after[i]
@@ -1290,6 +1292,13 @@ def _direction(g):
     """A gradient's fingerprint over its norm: the same for any positive multiple of it (None: _fingerprint)."""
     mark = _fingerprint(g)
     return None if mark is None else mark / g.detach().abs().float().square().sum().sqrt().clamp_min(1e-30)
+
+
+def _ranks() -> int:
+    """The process group's size (1 where none is set up)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _after_other_step(at: list) -> list[int]:
