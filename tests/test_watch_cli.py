@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -422,6 +423,52 @@ def test_under_torchrun_zero_grad_inside_ddps_no_sync_loop_is_seen_on_every_rank
             assert cleared[0]["ranks"] == [0, 1], cleared
         assert not [f for f in doc["findings"] if f["severity"] in ("warning", "error")
                     and f["code"] != "grad-cleared-before-step"], doc["findings"]
+
+
+RANKS_HANG = textwrap.dedent("""
+    import os, pathlib, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo"); rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(12):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    pathlib.Path(f"{sys.argv[1]}.rank{rank}.pid").write_text(str(os.getpid()))
+    dist.recv(torch.zeros(1), src=1 - rank)   # both wait for the other to send: blocked in native code for good
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_under_torchrun_sigterm_while_every_rank_is_blocked_keeps_rank_0s_report(tmp_path):
+    """A sweep: a ZeRO run where one rank skipped a step hung; SIGTERM (a CI timeout) under watch printed nothing, and
+    torchrun killed both ranks 30 s later (without torchdiag they died at once). Each rank's main thread waits in a
+    collective, where Python's handler never runs: isolation.stuck_exit's thread prints rank 0's report so far."""
+    from support import ENDS_WITHIN, HANG_GUARD
+
+    path, marker = tmp_path / "hang.py", tmp_path / "m"
+    path.write_text(RANKS_HANG)
+    proc = spawn([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                  "torchdiag", "watch", "--json", "--every", "5", "--", "python", str(path), str(marker)],
+                 cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 start_new_session=True)
+    try:
+        guard = time.monotonic() + HANG_GUARD
+        while not all(pathlib.Path(f"{marker}.rank{r}.pid").exists() for r in (0, 1)) and proc.poll() is None \
+                and time.monotonic() < guard:
+            time.sleep(0.05)
+        time.sleep(1.0)   # into the recv
+        proc.send_signal(signal.SIGTERM)   # torchrun alone, as a scheduler does: it forwards it to the ranks
+        out, err = proc.communicate(timeout=ENDS_WITHIN)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert "Unable to shutdown process" not in err, err   # no rank left for torchrun's SIGKILL
+    doc = json.loads(out)   # rank 0's report so far, one document
+    assert doc["exit_code"] == 143 and doc["steps"] == 12, doc.get("error")
+    assert any("could not be gathered" in n for n in doc["notes"]), doc["notes"]
 
 
 RANK1_RAISES = textwrap.dedent("""

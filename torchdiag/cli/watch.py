@@ -87,10 +87,12 @@ def run(o) -> None:
             if ranks is None:
                 return script.run_command(command, Watch(None, None, opts=opts, **live.callbacks()))
             # every rank watches; rank 0 reports every rank's findings
+            from ..runner.isolation import stuck_exit
             from ..runner.scripts import run_on_ranks
 
-            return run_on_ranks(ranks, lambda: script.run_command(command, Watch(None, None, opts=opts,
-                                                                                 **live.callbacks())))
+            watch = Watch(None, None, opts=opts, **live.callbacks())
+            with stuck_exit(lambda signum: _stuck(job, watch, ranks, signum)):
+                return run_on_ranks(ranks, lambda: script.run_command(command, watch))
         finally:
             if live.tb is not None:   # closed by the watch's end already, unless the script never started
                 live.tb.close()
@@ -103,6 +105,33 @@ def run(o) -> None:
     job.fields["model"] = shlex.join(command)
     job.progress = lambda message: contextlib.nullcontext()   # the script's own output, no spinner
     c.execute(job, render_extra=extras)
+
+
+def _stuck(job, watch, ranks, signum: int) -> int:
+    """This rank's script stayed blocked in a collective after Ctrl-C/SIGTERM (a peer that skipped a step: a sweep's
+    ZeRO run hung, and under watch torchrun killed both ranks 30 s later with nothing printed): rank 0 prints its own
+    report so far from isolation.stuck_exit's thread, the others end quietly. The other ranks' cannot be gathered."""
+    import signal
+    import sys
+
+    from ..runner.isolation import real_stdout
+    from ..runner.outcome import Outcome
+
+    code = 128 + signum
+    if not ranks.main or job.show is None:
+        return code
+    result = watch.finish(interrupted=code)
+    result.code = code
+    what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    result.verdict = (f"INTERRUPTED ({what}) after {watch.engine.step} step(s), blocked in a collective that the "
+                      "other ranks never joined: this rank's report up to then")
+    result.notes.append("the other ranks' reports could not be gathered: this rank stayed blocked in a collective "
+                        "(a rank that skipped a step, a backward or an all_reduce the others took)")
+    real_stdout()
+    shown = job.show(Outcome(code, result=result))
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return int(shown)
 
 
 def register(app) -> None:
