@@ -641,3 +641,20 @@ def test_a_plain_minimised_cross_entropy_has_no_climb_finding():
     r, held_out = _ascent("ce", maximize=False)
     assert held_out < 0.5
     assert not any(f.code in ("maximize-on-loss", "negated-loss") for f in r.findings)
+
+
+def test_a_non_finite_loss_after_carried_over_gradients_names_them_as_the_cause():
+    """A sweep: LBFGS's closure without zero_grad went NaN at step 7, and the hint said to check that batch's data
+    and lower the rate; every step had applied the sum of all gradients so far."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with Watch(model, every=5, replay=False) as w:
+        for x, y in _data(60):
+            loss = F.cross_entropy(model(x) * 50, y)   # no zero_grad: the gradients pile up
+            loss.backward()
+            opt.step()
+    found = {f.code: f for f in w.result().findings}
+    assert "grad-carried-over" in found, sorted(found)
+    bad = found.get("non-finite-loss") or found.get("non-finite-gradient")
+    assert bad is not None and bad.hint.startswith("the gradients carried over"), sorted(found)

@@ -109,6 +109,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _nonfinite(result, engine)
     _scaler(result, engine)
     _wiring(result, engine)
+    _carried_into_nonfinite(result)
     _doubles(result, engine)
     _modes(result, engine)
     _eval_unreached(result, engine)
@@ -250,6 +251,18 @@ def _nonfinite(result: Result, engine) -> None:
         result.add("non-finite-bn-stats", "error", name.rsplit(".", 1)[0],
                    f"BatchNorm statistic {name} is non-finite at step {step}",
                    "a non-finite activation reached the BatchNorm in training mode; eval outputs will be wrong")
+
+
+def _carried_into_nonfinite(result: Result) -> None:
+    """A non-finite loss or gradient in a run whose gradients were carried over between steps: each step applies the
+    sum of every gradient since the start, which grows until it overflows (a sweep: LBFGS's closure without
+    zero_grad, NaN at step 7, was told to check the data and lower the rate)."""
+    if not any(f.code == "grad-carried-over" for f in result.findings):
+        return
+    for f in result.findings:
+        if f.code in ("non-finite-loss", "non-finite-gradient") and "grad-carried-over" not in (f.hint or ""):
+            f.hint = ("the gradients carried over between steps (grad-carried-over) add up each step until they "
+                      "overflow: the likely cause; " + (f.hint or ""))
 
 
 def _dropped(result: Result, engine) -> None:
