@@ -857,3 +857,18 @@ def test_two_parts_that_fit_alike_are_not_guessed_between(spec, tmp_path, cli):
                                **{"ema_model." + k: v for k, v in zeros.items()}}}, path)
     model, ctx = loaded_model(spec, path, strict_checkpoint=False)
     assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.uint32, torch.complex64])
+def test_meta_reads_every_safetensors_dtype_torch_has(spec, tmp_path, cli, dtype):
+    """A sweep: --device meta called U16/U32/U64/C64/F8_E8M0 entries "not understood", the file "may be damaged";
+    safe_open reads them, and so does a CPU run."""
+    from safetensors.torch import save_file
+
+    state = trained()
+    state["0.bias"] = state["0.bias"].to(dtype)
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    r = cli("summary", spec, "--checkpoint", path, "--device", "meta", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["checkpoint"][0].startswith(f"{path}: 4 tensors loaded")

@@ -33,6 +33,7 @@ STRIP_PREFIXES = ("model.", "module.", "_orig_mod.", "net.")
 SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
     "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64", "C64": "complex64", "F8_E8M0": "float8_e8m0fnu",
 }
 MAX_HEADER = 100 * 2**20       # safetensors' own limit on the JSON header
 SHOW_KEYS = 6                   # keys named in the one-line strict error
@@ -226,6 +227,10 @@ def _read_header(path: str) -> dict[str, Any]:
     for key, entry in header(path, data_read=False).items():
         if key == "__metadata__":
             continue
+        kind = entry.get("dtype") if isinstance(entry, dict) else None
+        if isinstance(kind, str) and kind.isupper() and not hasattr(torch, SAFETENSORS_DTYPES.get(kind, "?")):
+            raise UsageError(f"{path}: tensor {key} is of safetensors dtype {kind}, which this torch "
+                             f"({torch.__version__}) has no dtype for", hint="a newer torch may have it; the file itself may be fine")
         try:
             dtype = getattr(torch, SAFETENSORS_DTYPES[entry["dtype"]])
             state[key] = torch.empty(tuple(entry["shape"]), dtype=dtype, device="meta")
