@@ -872,3 +872,16 @@ def test_meta_reads_every_safetensors_dtype_torch_has(spec, tmp_path, cli, dtype
     r = cli("summary", spec, "--checkpoint", path, "--device", "meta", "--json")
     assert r.code == 0, r.stderr
     assert r.json["checkpoint"][0].startswith(f"{path}: 4 tensors loaded")
+
+
+def test_a_safetensors_file_under_a_path_that_is_not_utf8_loads(spec, tmp_path):
+    """A sweep: safetensors' load_file takes UTF-8 paths only; a Latin-1 folder name (bytes Python keeps as
+    surrogates) was "cannot read ...: the file may be damaged"."""
+    from safetensors.torch import save_file
+
+    folder = os.fsdecode(os.fsencode(str(tmp_path)) + b"/w\xff")
+    os.mkdir(folder)
+    path = os.path.join(folder, "w.safetensors")
+    save_file(trained(), path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())

@@ -248,9 +248,22 @@ def _read_safetensors(path: str) -> dict[str, Any]:
                          hint="it reads .safetensors checkpoints; .pt files work without it") from exc
     header(path)   # a file that is not safetensors at all: said so before the library's own words
     try:
+        if not _utf8(path):   # the library takes UTF-8 paths only (a sweep: a Latin-1 folder name was "damaged")
+            from safetensors.torch import load
+
+            with open(path, "rb") as f:
+                return load(f.read())
         return load_file(path, device="cpu")
     except Exception as exc:  # SafetensorError, OSError: a damaged or truncated file
         raise UsageError(f"cannot read {path}: {one_line(exc)}", hint="the file may be damaged or cut short") from exc
+
+
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+        return True
+    except UnicodeEncodeError:   # bytes Python could not decode, kept as surrogates
+        return False
 
 
 def _read_index(path: str, meta: bool) -> dict[str, Any]:
