@@ -1878,3 +1878,30 @@ class _EveryThird(nn.Module):
 class _Noise(nn.Module):
     def forward(self, x):
         return x + torch.randn_like(x)
+
+
+NESTED = """
+import torch, torch.nn as nn
+class Backbone(nn.Module):
+    # a 2-stage conv backbone returning {'feature_maps': (f1, f2)}, as transformers' BackboneOutput
+    def __init__(self):
+        super().__init__()
+        self.s1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.s2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+    def forward(self, x):
+        f1 = self.s1(x)
+        return {"feature_maps": (f1, self.s2(f1))}
+def build():
+    torch.manual_seed(0)
+    return Backbone()
+"""
+
+
+def test_an_output_one_level_down_is_judged_whatever_grad_mode_reads_it(tmp_path, cli):
+    """A zoo re-run: doctor exited 2 on InstructBLIP-Video and EfficientLoFTR ("cannot pick a tensor to compute a
+    loss"): its eval output, made under no_grad, was read with grad on, and the pick one level down asked for a
+    tensor carrying a gradient. gradflow passed on the same models."""
+    (tmp_path / "nested.py").write_text(NESTED)
+    for command in ("doctor", "gradflow"):
+        r = cli(command, f"{tmp_path}/nested.py:build", "-i", "2x3x16x16", "--json")
+        assert r.code == 0, (command, r.stderr)

@@ -149,7 +149,9 @@ def output_dropout(eval_out, train_out, ck: Checklist) -> None:
     from ...core.loss import primary_output
     from ...core.readback import read_back
 
-    e, t = primary_output(eval_out)[0], primary_output(train_out)[0]
+    with torch.no_grad():   # as the eval output was made (a zoo re-run: EfficientLoFTR's feature maps, exit 2)
+        e = primary_output(eval_out)[0]
+    t = primary_output(train_out)[0]
     if not (isinstance(e, torch.Tensor) and isinstance(t, torch.Tensor)) or e.shape != t.shape \
             or not e.is_floating_point() or e.numel() < 8:
         return

@@ -18,7 +18,8 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
     lm = getattr(loss, "lm", None)
     # (a new user: "random valid ones used" beside a header's next tokens); only where the output is next-token
     # logits of those ids (a sweep: a sequence-classification head's (N, C) logits were said to train on next tokens)
-    y = primary_output(eval_out)[0] if lm is not None else None
+    with torch.no_grad():   # as the eval output was made: the pick one level down asks no gradient of it (a zoo
+        y = primary_output(eval_out)[0] if lm is not None else None   # re-run: InstructBLIP-Video, exit 2)
     if target is None and lm is not None and isinstance(y, torch.Tensor) and lm.fits(y):
         ck.row("target", "ok", f"no targets given: the next tokens of {lm.name} (a language model) are the targets"
                if lm.shift else f"no targets given: the ids of {lm.name} at their own positions (a bidirectional "
