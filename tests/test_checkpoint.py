@@ -885,3 +885,15 @@ def test_a_safetensors_file_under_a_path_that_is_not_utf8_loads(spec, tmp_path):
     save_file(trained(), path)
     model, ctx = loaded_model(spec, path)
     assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+
+
+@pytest.mark.parametrize("other", ["ema", "model_ema", "state_dict_ema"])
+def test_an_ema_copy_beside_the_model_is_said_not_read(spec, tmp_path, other):
+    """A sweep: {'model': sd, 'ema': sd'} loaded 'model' and said nothing of the EMA weights people ship."""
+    path = tmp_path / "ema.pt"
+    ema = {k: v + 1 for k, v in trained().items()}
+    torch.save({"model": trained(), other: ema, "epoch": 3}, path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded, entry 'model' read ('{other}' holding weights "
+                                        "too: not read)"]

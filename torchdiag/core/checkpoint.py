@@ -64,6 +64,7 @@ class Report:
     tied: list[tuple[str, str]] = field(default_factory=list)   # (kept, dropped): one tensor in the model, two in the file
     cast: dict[str, int] = field(default_factory=dict)          # "bfloat16 → float32": tensors the copy cast
     converted: bool = False    # read by transformers' loader into its in-memory layout (transformers_layout)
+    entry: str = ""            # the trainer dict's entry read, where another held weights too (an EMA copy)
     new_head: list[str] = field(default_factory=list)   # hf --arg task: keys only the new head has (initialised)
     old_head: list[str] = field(default_factory=list)   # ... and the file's keys only the saved head had (dropped)
 
@@ -73,6 +74,8 @@ class Report:
 
     def describe(self) -> str:
         parts = [f"{self.path}: {self.loaded} tensor{'' if self.loaded == 1 else 's'} loaded"]
+        if self.entry:
+            parts.append(self.entry)
         if self.stripped:
             parts.append(f"prefix '{self.stripped}' stripped")
         if self.added:
@@ -533,10 +536,14 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
     import torch
 
     made = made or {}
-    top = obj
+    top, path_in, left = obj, [], []
     for _ in range(3):   # a Lightning/trainer dict around the state dict ({'checkpoint': {'model': …}} too)
         if isinstance(obj, dict) and _around(obj):
-            obj = _inner(obj)
+            inner = _inner(obj)
+            path_in += [k for k, v in dict.items(obj) if v is inner][:1]
+            left += [f"'{k}'" for k, v in dict.items(obj) if v is not inner and isinstance(v, dict)
+                     and _holds_tensors(v, 3)]
+            obj = inner
     if not isinstance(obj, dict) or not _is_state(obj):
         raise UsageError(f"{path} holds no state dict (found: {_found(top, made)})",
                          hint="save one with torch.save(model.state_dict(), 'weights.pt')")
@@ -544,10 +551,18 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
     foreign = [(k, _stood_for(v, made)) for k, v in dict.items(obj) if _stood_for(v, made)]
     if foreign:
         raise _refusal(path, f"its tensor {foreign[0][0]} is a {foreign[0][1]}")
-    state = {k: v for k, v in dict.items(obj) if isinstance(v, torch.Tensor) or k.endswith(EXTRA_STATE)}
+    state = Unwrapped((k, v) for k, v in dict.items(obj) if isinstance(v, torch.Tensor) or k.endswith(EXTRA_STATE))
     for key, value in state.items():
         _plain_tensor(key, value, path, meta)
+    if left:   # an EMA copy beside the model: which one was read (a sweep: nothing said)
+        state.entry = f"entry {'/'.join(repr(k) for k in path_in)} read ({', '.join(left)} holding weights too: not read)"
     return state
+
+
+class Unwrapped(dict):
+    """A state dict taken from inside a trainer's checkpoint; `entry`: which one, where another held weights too."""
+
+    entry = ""
 
 
 EXTRA_STATE = "_extra_state"   # torch's suffix for get_extra_state(): plain containers under weights_only
@@ -698,10 +713,11 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     caller turns strictness off (the flag, or strict_checkpoint=False). `saved`: the keys of the head the file was
     saved with, where the model is another (other_head)."""
     state, header_only = read_state(path, device)
+    entry = getattr(state, "entry", "")
     ours = model.state_dict(keep_vars=True)
     state, stripped = strip_prefix(state, set(ours), path)
     state, added = add_prefix(state, set(ours), path) if not stripped else (state, "")
-    report = Report(path, stripped=stripped, added=added, header_only=header_only)
+    report = Report(path, stripped=stripped, added=added, header_only=header_only, entry=entry)
     meta = device is not None and device.type == "meta"
     fitting = _sort(model, state, ours, report, meta)
     other_head(report, saved, model, set(ours))
