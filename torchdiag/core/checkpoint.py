@@ -541,8 +541,9 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
         if isinstance(obj, dict) and _around(obj):
             inner = _inner(obj)
             path_in += [k for k, v in dict.items(obj) if v is inner][:1]
+            # another state dict of about its size (an EMA copy), not a callback's few scores
             left += [f"'{k}'" for k, v in dict.items(obj) if v is not inner and isinstance(v, dict)
-                     and _holds_tensors(v, 3)]
+                     and _tensors(v, 1) >= max(1, _tensors(inner, 1) // 2)]
             obj = inner
     if not isinstance(obj, dict) or not _is_state(obj):
         raise UsageError(f"{path} holds no state dict (found: {_found(top, made)})",
