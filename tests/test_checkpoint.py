@@ -897,3 +897,20 @@ def test_an_ema_copy_beside_the_model_is_said_not_read(spec, tmp_path, other):
     assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
     assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded, entry 'model' read ('{other}' holding weights "
                                         "too: not read)"]
+
+
+@pytest.mark.parametrize("dtype, said", [(torch.int8, "int8 → float32"), (torch.bool, "bool → float32"),
+                                         (torch.complex64, "complex64 → float32")])
+def test_a_weight_saved_as_another_kind_of_number_is_counted_as_cast(spec, tmp_path, dtype, said):
+    """A sweep: int8 codes saved without their scale, a mask in place of a weight, complex values (their imaginary
+    part dropped) loaded into float parameters with the header saying only "4 tensors loaded"."""
+    state = trained()
+    state["0.weight"] = (state["0.weight"] * 2).to(dtype)
+    path = tmp_path / "w.pt"
+    torch.save(state, path)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's own on complex -> real
+        _, ctx = loaded_model(spec, path)
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded, 1 cast {said}"]
