@@ -143,7 +143,7 @@ def torchvision_source(name: str, kwargs: dict[str, Any]) -> Source:
     def build(**kw):
         return models.get_model(name, weights=None, **kw)
 
-    source = Source(build, kwargs, f"torchvision {name}", header={"source": f"torchvision:{name} (random weights)"})
+    source = Source(build, kwargs, f"torchvision {name}", header={"source": f"torchvision:{name}", "random": " (random weights)"})
     _torchvision_inputs(models, name, source)
     return source
 
@@ -254,7 +254,7 @@ def timm_source(name: str, kwargs: dict[str, Any]) -> Source:
     def build(**kw):
         return timm.create_model(name, pretrained=False, **kw)
 
-    source = Source(build, kwargs, f"timm {name}", header={"source": f"timm:{name} (random weights)"})
+    source = Source(build, kwargs, f"timm {name}", header={"source": f"timm:{name}", "random": " (random weights)"})
     try:
         cfg = timm.models.get_pretrained_cfg(name) if hasattr(timm.models, "get_pretrained_cfg") else None
         size = tuple((cfg.input_size if cfg is not None else None) or (3, 224, 224))
