@@ -357,6 +357,7 @@ def test_strict_mismatch_is_one_line_naming_every_kind_of_key(spec, tmp_path, cl
     assert "1 missing (2.bias)" in err and "1 unexpected (head.weight)" in err
     assert "0.weight: checkpoint 16x4, model 8x4" in err and "2.weight: checkpoint 2x16, model 2x8" in err
     assert "--no-strict-checkpoint" in err
+    assert "give its factory the file's (--arg" in err   # a sweep: the fix is the sizes, not loading less
     r = cli("summary", spec, "--checkpoint", path, "--json")
     assert r.code == 2 and "does not fit the model" in r.json["error"]["message"]
 

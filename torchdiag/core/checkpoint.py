@@ -733,7 +733,9 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
         raise UsageError(f"checkpoint {path} does not fit the model: "
                          + (f"with the prefix '{added}' added to its keys, " if added else "")
                          + report.mismatch_summary(SHOW_KEYS),
-                         hint=f"{off} loads the tensors that fit and reports each other key as a finding (exit 1)")
+                         hint=("the model was built with other sizes than the file's: give its factory the "
+                               "file's (--arg, e.g. num_classes=5); " if report.mismatched else "")
+                         + f"{off} loads the tensors that fit and reports each other key as a finding (exit 1)")
     # on meta the checkpoint's tensors replace the model's (its dtypes count); elsewhere values are copied in
     try:
         model.load_state_dict(fitting, strict=False, assign=meta)
