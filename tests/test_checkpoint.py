@@ -915,3 +915,23 @@ def test_a_weight_saved_as_another_kind_of_number_is_counted_as_cast(spec, tmp_p
         warnings.simplefilter("ignore")   # torch's own on complex -> real
         _, ctx = loaded_model(spec, path)
     assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded, 1 cast {said}"]
+
+
+def test_one_shard_alone_says_its_index_names_the_rest(spec, tmp_path, cli):
+    """A sweep: shards without their index were "does not fit the model: N missing", blaming the model."""
+    from safetensors.torch import save_file
+
+    state = trained()
+    keys = sorted(state)
+    save_file({k: state[k] for k in keys[:2]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({k: state[k] for k in keys[2:]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    shard = tmp_path / "model-00001-of-00002.safetensors"
+    r = cli("summary", spec, "--checkpoint", shard)
+    assert r.code == 2 and "one shard of 2" in r.stderr and "is not beside it" in r.stderr, r.stderr
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: ("model-00001-of-00002.safetensors" if k in keys[:2] else "model-00002-of-00002.safetensors")
+                        for k in keys}}))
+    r = cli("summary", spec, "--checkpoint", shard)
+    assert r.code == 2 and f"give --checkpoint its index, {tmp_path / 'model.safetensors.index.json'}" in r.stderr
+    r = cli("summary", spec, "--checkpoint", tmp_path / "model.safetensors.index.json")
+    assert r.code == 0, r.stderr

@@ -733,8 +733,8 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
         raise UsageError(f"checkpoint {path} does not fit the model: "
                          + (f"with the prefix '{added}' added to its keys, " if added else "")
                          + report.mismatch_summary(SHOW_KEYS),
-                         hint=("the model was built with other sizes than the file's: give its factory the "
-                               "file's (--arg, e.g. num_classes=5); " if report.mismatched else "")
+                         hint=_shard_hint(path, report) + ("the model was built with other sizes than the file's: "
+                               "give its factory the file's (--arg, e.g. num_classes=5); " if report.mismatched else "")
                          + f"{off} loads the tensors that fit and reports each other key as a finding (exit 1)")
     # on meta the checkpoint's tensors replace the model's (its dtypes count); elsewhere values are copied in
     try:
@@ -748,6 +748,20 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
         report.tied = _tied_apart(ours, fitting)
         report.cast = _casts(ours, fitting)
     return report
+
+
+def _shard_hint(path: str, report: Report) -> str:
+    """A shard read alone (`model-00001-of-00006.safetensors`) holds a part of the weights: its index names them all
+    (a sweep: the line blamed the model)."""
+    import re
+
+    found = re.search(r"-\d+-of-(\d+)\.safetensors$", os.path.basename(path))
+    if not found or not report.missing:
+        return ""
+    index = os.path.join(os.path.dirname(path), "model.safetensors.index.json")
+    return f"this is one shard of {int(found.group(1))}: " + (
+        f"give --checkpoint its index, {index}, which names every shard; " if os.path.isfile(index) else
+        "their index, model.safetensors.index.json, which names every shard, is not beside it: copy it there; ")
 
 
 def other_head(report: Report, saved: frozenset[str] | None, model, ours: set[str]) -> None:
