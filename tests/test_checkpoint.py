@@ -935,3 +935,36 @@ def test_one_shard_alone_says_its_index_names_the_rest(spec, tmp_path, cli):
     assert r.code == 2 and f"give --checkpoint its index, {tmp_path / 'model.safetensors.index.json'}" in r.stderr
     r = cli("summary", spec, "--checkpoint", tmp_path / "model.safetensors.index.json")
     assert r.code == 0, r.stderr
+
+
+BUFFERED = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.register_buffer("position_ids", torch.arange(4), persistent=False)   # made, not saved (BERT's)
+    def forward(self, x):
+        return self.fc(x + self.position_ids)
+
+def build():
+    return Net()
+
+def example_inputs():
+    return (torch.randn(3, 4),)
+"""
+
+
+def test_a_legacy_files_value_of_a_buffer_the_model_does_not_save_is_left_out_and_said(tmp_path, cli):
+    """A sweep: an old BERT pytorch_model.bin holds `embeddings.position_ids`, a buffer transformers now registers
+    non-persistent; the tool's own suggested --checkpoint line was refused (1 unexpected key), where
+    from_pretrained loads the file."""
+    (tmp_path / "buf.py").write_text(BUFFERED)
+    state = {"fc.weight": torch.full((2, 4), 0.5), "fc.bias": torch.zeros(2), "position_ids": torch.arange(4)}
+    torch.save(state, tmp_path / "old.bin")
+    r = cli("summary", f"{tmp_path}/buf.py:build", "--checkpoint", tmp_path / "old.bin", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["checkpoint"] == [f"{tmp_path / 'old.bin'}: 2 tensors loaded, 1 value(s) of buffers the model makes "
+                                    "itself and does not save left out (position_ids)"]

@@ -65,6 +65,7 @@ class Report:
     cast: dict[str, int] = field(default_factory=dict)          # "bfloat16 → float32": tensors the copy cast
     converted: bool = False    # read by transformers' loader into its in-memory layout (transformers_layout)
     entry: str = ""            # the trainer dict's entry read, where another held weights too (an EMA copy)
+    not_saved: list[str] = field(default_factory=list)   # the file's values of buffers the model does not save
     new_head: list[str] = field(default_factory=list)   # hf --arg task: keys only the new head has (initialised)
     old_head: list[str] = field(default_factory=list)   # ... and the file's keys only the saved head had (dropped)
 
@@ -76,6 +77,9 @@ class Report:
         parts = [f"{self.path}: {self.loaded} tensor{'' if self.loaded == 1 else 's'} loaded"]
         if self.entry:
             parts.append(self.entry)
+        if self.not_saved:
+            parts.append(f"{len(self.not_saved)} value(s) of buffers the model makes itself and does not save left "
+                         f"out ({', '.join(self.not_saved[:3])}{' …' if len(self.not_saved) > 3 else ''})")
         if self.stripped:
             parts.append(f"prefix '{self.stripped}' stripped")
         if self.added:
@@ -795,8 +799,11 @@ def _as_model_names(saved: frozenset[str], model, ours: set[str], prefixes=()) -
 def _sort(model, state: dict, ours: dict, report: Report, meta: bool) -> dict:
     """The file's tensors that fit the model; the report gets the keys that do not."""
     fitting = {}
+    transient = _not_saved(model)
     for key, t in state.items():
-        if key not in ours:
+        if key not in ours and key in transient:
+            report.not_saved.append(key)   # a legacy file's value of a buffer the model now makes itself
+        elif key not in ours:
             report.unexpected.append(key)
         elif key.endswith(EXTRA_STATE) and not hasattr(ours[key], "shape"):
             fitting[key] = t   # get_extra_state()'s own value: the module's set_extra_state takes it
@@ -808,6 +815,14 @@ def _sort(model, state: dict, ours: dict, report: Report, meta: bool) -> dict:
             fitting[key] = _cast_on_meta(t, ours[key]) if meta else t
     report.missing = [k for k in _missing(ours, state, fitting) if k not in _counts_torch_fills(model)]
     return fitting
+
+
+def _not_saved(model) -> set[str]:
+    """The model's non-persistent buffers (`register_buffer(..., persistent=False)`): values it computes itself and
+    leaves out of its state dict. A file saved before it did so holds them (BERT's `embeddings.position_ids`, in every
+    pre-4.31 transformers checkpoint: a sweep's `--checkpoint pytorch_model.bin` was refused for it)."""
+    return {f"{name}.{b}" if name else b for name, m in model.named_modules()
+            for b in getattr(m, "_non_persistent_buffers_set", ())}
 
 
 def transformers_layout(model, path: str, saved: frozenset[str] | None = None) -> tuple[dict, list[str]] | None:
