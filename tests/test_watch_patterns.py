@@ -658,3 +658,19 @@ def test_a_non_finite_loss_after_carried_over_gradients_names_them_as_the_cause(
     assert "grad-carried-over" in found, sorted(found)
     bad = found.get("non-finite-loss") or found.get("non-finite-gradient")
     assert bad is not None and bad.hint.startswith("the gradients carried over"), sorted(found)
+
+
+def test_the_losss_sign_is_read_past_constants_written_in_code_not_past_the_datas():
+    """graph.loss_faults's ("minimised", loss, sign): negation, `3 - ce`, Python numbers as factors are followed; a
+    tensor factor is not (REINFORCE's cross-entropy times an advantage whose sign is the episode's)."""
+    from torchdiag.diagnostics.watch.graph import loss_faults
+
+    x = torch.randn(4, 3, requires_grad=True)
+    ce = F.cross_entropy(x, torch.tensor([0, 1, 2, 0]))
+
+    def sign(loss):
+        return [f[2] for f in loss_faults(loss.grad_fn) if f[0] == "minimised"]
+
+    assert sign(ce) == [1] and sign(-ce) == [-1] and sign(3 - ce) == [-1] and sign(ce * -0.5) == [-1]
+    assert sign(ce / 4 + 1) == [1] and sign(-(-ce)) == [1]
+    assert sign(ce * torch.tensor(-0.7)) == [] and sign(ce + x.sum()) == []

@@ -106,9 +106,11 @@ def _signed_loss(fn, depth: int = 8) -> tuple[object, int]:
             node = nexts[live[0]]
         elif kind in ("MulBackward0", "DivBackward0") and len(live) == 1 and (kind == "MulBackward0" or live == [0]):
             const: Any = getattr(node, "_saved_other" if live == [0] else "_saved_self", None)
-            # a Python number's wrapped scalar is on the CPU: reading it is no device sync (a CUDA one is not read)
-            one = isinstance(const, (int, float)) or (hasattr(const, "numel") and const.numel() == 1
-                                                      and const.device.type == "cpu")
+            # a Python number, written in the code: autograd keeps it as a CPU scalar of float64 or int64 (reading it
+            # is no device sync). A tensor is not followed: its sign may be the data's (REINFORCE's advantage)
+            one = isinstance(const, (int, float)) or (
+                hasattr(const, "numel") and const.numel() == 1 and const.dim() == 0 and const.device.type == "cpu"
+                and str(const.dtype) in ("torch.float64", "torch.int64"))
             value = float(const) if one else None
             if not value:
                 break
