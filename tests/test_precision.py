@@ -623,7 +623,31 @@ def test_a_weight_beyond_float16s_range_is_the_casts_doing(how, tmp_path, cli):
         found = {(f.code, f.where): {"message": f.message, "hint": f.hint} for f in res.findings}
     assert "1 finite value(s) of 2.weight (up to |1e+06|) lie beyond float16's largest, 65504" in header, header
     param = found[("non-finite-param", "2.weight")]
-    assert "made ±Inf by the --dtype cast" in param["message"] and "bfloat16" in param["hint"]
+    assert "made ±Inf by the --dtype cast" in param["message"] and "65504" in param["hint"]
     assert "checkpoint" not in param["hint"]
     out = next(f for (code, _), f in found.items() if code == "non-finite-output")
     assert "not a precision problem" not in out["message"] and "a precision problem" in out["message"], out
+
+
+def test_a_cast_overflow_elsewhere_does_not_make_a_forwards_own_nan_the_casts():
+    """A review: an unused buffer's 1e6 (made Inf by the float16 cast) relabelled a log(0) of the forward's, there
+    in float32 too, as "a precision problem"; only the module that holds an overflowed weight is the cast's."""
+    from torch import nn
+
+    import torchdiag
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.aux = nn.Module()
+            self.aux.register_buffer("scale", torch.tensor([1e6]))   # a module's the forward never calls
+
+        def forward(self, x):
+            return torch.log(self.fc(x) * 0)   # log(0) = -inf, then NaN in the loss's softmax: a bug in float32 too
+
+    torch.manual_seed(0)
+    r = torchdiag.api.run("nancheck", Net(), (torch.randn(2, 4),), dtype="float16")
+    assert "aux.scale" in r.header["precision"]
+    out = next(f for f in r.findings if f.code == "non-finite-output")
+    assert "not a precision problem" in out.message, out.message

@@ -390,14 +390,24 @@ DDP_MICRO = textwrap.dedent("""
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
+    params = list(model.parameters())
+    acc = [torch.zeros_like(p) for p in params]
     for i in range(80):                      # 4 micro-batches a step, the first 3 under no_sync
         last = (i + 1) % 4 == 0
         if sys.argv[1] == "inside":
             opt.zero_grad()                  # the bug: the earlier micro-batches' gradients are lost
         x = torch.randn(16, 8, generator=g)
-        with (contextlib.nullcontext() if last else model.no_sync()):
+        with (contextlib.nullcontext() if last or sys.argv[1] == "buffers" else model.no_sync()):
             (F.cross_entropy(model(x), (x[:, 0] > 0).long()) / 4).backward()
+        if sys.argv[1] == "buffers":         # healthy: each micro-batch's reduced gradient summed by hand
+            for a, p in zip(acc, params):
+                a += p.grad
+                p.grad = None
         if last:
+            if sys.argv[1] == "buffers":
+                for a, p in zip(acc, params):
+                    p.grad = a.clone()
+                    a.zero_()
             opt.step()
             if sys.argv[1] != "inside":
                 opt.zero_grad()
@@ -412,7 +422,8 @@ def test_under_torchrun_zero_grad_inside_ddps_no_sync_loop_is_seen_on_every_rank
     the step applies the ranks' mean, never this rank's own gradient, which read as a gradient the loop wrote."""
     path = tmp_path / "micro.py"
     path.write_text(DDP_MICRO)
-    for how, found in (("inside", True), ("after", False)):
+    # (a review: micro-batches summed into buffers and written back, healthy, were said cleared on both ranks)
+    for how, found in (("inside", True), ("after", False), ("buffers", False)):
         r = torchrun_args("-m", "torchdiag", "watch", "--json", "--every", "5", "--", "python", path, how, env=ENV,
                           cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]

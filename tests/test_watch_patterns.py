@@ -597,7 +597,7 @@ def test_a_closure_that_raised_after_sams_ascent_leaves_no_stale_samples():
 
 def _ascent(objective: str, maximize: bool, steps: int = 150):
     """An MLP on a learnable 4-class task under Adam; `objective` turns the cross-entropy into the loss given to
-    backward: "ll" (-ce, a log-likelihood), "score" (3 - ce), "ce" (the cross-entropy itself)."""
+    backward: "ll" (-ce, a log-likelihood), "score" (2 - ce: 0.6 rising to 2), "ce" (the cross-entropy itself)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.Adam(model.parameters(), 1e-2, maximize=maximize)
@@ -605,7 +605,7 @@ def _ascent(objective: str, maximize: bool, steps: int = 150):
     with Watch(model, every=10, replay=False) as w:
         for x, y in data[:steps]:
             ce = F.cross_entropy(model(x), y)
-            loss = {"ll": -ce, "score": 3 - ce, "ce": ce}[objective]
+            loss = {"ll": -ce, "score": 2 - ce, "ce": ce}[objective]
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -615,9 +615,10 @@ def _ascent(objective: str, maximize: bool, steps: int = 150):
 
 @pytest.mark.parametrize("objective", ["ll", "score"])
 def test_gradient_ascent_with_maximize_is_judged_on_the_objective_it_raises(objective):
-    """A sweep: Adam(maximize=True) on 3 - cross_entropy learned (held-out accuracy 0.956) and was a `loss-diverged`
-    error, exit 1, "lower the learning rate"; on -cross_entropy an info said it "collapsed". The rising objective is
-    judged as −loss now."""
+    """A sweep: Adam(maximize=True) on 3 - cross_entropy learned (held-out accuracy 0.956 on digits) and was a
+    `loss-diverged` error, exit 1, "lower the learning rate"; on -cross_entropy an info said it "collapsed". The
+    rising objective is judged as −loss now. Here the -ce case gives the old info; the score's curve on this task
+    does not reach the old error (a guard: nothing above info)."""
     r, held_out = _ascent(objective, maximize=True)
     assert held_out < 0.5   # it learned (ln 4 = 1.39 at chance)
     assert [f.code for f in r.findings if f.severity != "info"] == [], [(f.code, f.message) for f in r.findings]
@@ -632,7 +633,7 @@ def test_a_run_that_climbs_torchs_own_loss_is_told_why(objective, maximize, code
     r, held_out = _ascent(objective, maximize)
     assert held_out > 2.0   # it un-learned
     found = [f for f in r.findings if f.code == code]
-    assert len(found) == 1 and found[0].severity == "error" and "cross-entropy" in found[0].message, \
+    assert len(found) == 1 and found[0].severity == "warning" and "cross-entropy" in found[0].message, \
         [(f.code, f.message) for f in r.findings]
     assert not any(f.code == "loss-diverged" for f in r.findings)
 
@@ -672,5 +673,23 @@ def test_the_losss_sign_is_read_past_constants_written_in_code_not_past_the_data
         return [f[2] for f in loss_faults(loss.grad_fn) if f[0] == "minimised"]
 
     assert sign(ce) == [1] and sign(-ce) == [-1] and sign(3 - ce) == [-1] and sign(ce * -0.5) == [-1]
-    assert sign(ce / 4 + 1) == [1] and sign(-(-ce)) == [1]
+    negated = -ce
+    assert sign(ce / 4 + 1) == [1] and sign(-negated) == [1]
     assert sign(ce * torch.tensor(-0.7)) == [] and sign(ce + x.sum()) == []
+
+
+def test_an_attacks_perturbation_climbing_the_loss_is_not_told_to_drop_maximize():
+    """A review: Adam(maximize=True) over an input perturbation, the model frozen (an adversarial attack), was told
+    "drop maximize=True": climbing the loss is its purpose. Only an optimizer over a model's weights is asked."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).requires_grad_(False)
+    x, y = _data(1)[0]
+    delta = torch.zeros_like(x, requires_grad=True)
+    opt = torch.optim.Adam([delta], 1e-2, maximize=True)
+    with Watch(every=10, replay=False) as w:   # every optimizer, as `torchdiag watch -- python attack.py`
+        for _ in range(100):
+            loss = F.cross_entropy(model(x + delta), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert not any(f.code in ("maximize-on-loss", "negated-loss") for f in w.result().findings)

@@ -120,7 +120,9 @@ def _stuck(job, watch, ranks, signum: int) -> int:
     code = 128 + signum
     if not ranks.main or job.show is None:
         return code
-    result = watch.finish(interrupted=code)
+    result = watch.finish_within(5.0, interrupted=code)
+    if result is None:   # the main thread's own finish is stuck too: nothing to print
+        return code
     result.code = code
     what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     result.verdict = (f"INTERRUPTED ({what}) after {watch.engine.step} step(s), blocked in a collective that the "

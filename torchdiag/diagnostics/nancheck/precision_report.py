@@ -125,13 +125,22 @@ def cause_text(c: dict) -> str:
             f"a {dt} effect (rounding or underflow), not an overflow")
 
 
+def _owns_overflow(module: str | None, overflow: dict) -> bool:
+    """The module the cause names holds a weight the cast made ±Inf (a review: an unused buffer's 1e6 elsewhere
+    relabelled a log(0) of the forward's as the cast's doing)."""
+    from ...core.module_paths import owner
+
+    where = "" if module in (None, "(root)") else module
+    return any(owner(n) == where for n in overflow)
+
+
 def explain(result: Result, cause: dict | None, overflow: dict | None = None) -> None:
     """Append the precision reason to the finding of the module it explains. `overflow`: weights the cast made ±Inf
     (core.precision.cast_overflow): the float32 reference, upcast from the cast copy, has them too, which says
     nothing of float32 (a sweep: "not a precision problem" of a checkpoint's 1e6 under float16)."""
     if cause is None:
         return
-    if overflow and cause["kind"] == "also-float32":
+    if cause["kind"] == "also-float32" and _owns_overflow(cause.get("module"), overflow or {}):
         cause = dict(cause, kind="cast-overflow")
     codes = ("non-finite-output",) if cause["phase"] == "forward" else ("non-finite-grad", "non-finite-param-grad")
     for f in result.findings:

@@ -81,7 +81,8 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
                    f"{r['kind']} {r['tensor']} ({r['shape']}) already holds {fmt_counts(r['nan'], r['inf'])}" + (
                        f": {cast[0]} finite value(s) up to |{cast[1]:.3g}| beyond the run's dtype's range, made ±Inf "
                        "by the --dtype cast" if cast else ""),
-                   hint="run it in bfloat16 (float32's range) or float32, or keep those weights smaller" if cast else
+                   hint="run it in a dtype whose range holds them (float16's largest is 65504; bfloat16's and "
+                   "float32's 3.4e38), or keep those weights smaller" if cast else
                    "check the initialisation or the checkpoint that was loaded")
     # JSON keys are stable: every table is present (empty lists on a clean run; the console and
     # TensorBoard skip empty tables), and optional parts are null when not requested
@@ -188,7 +189,7 @@ def report_forward(result: Result, rep: PassReport, fill: dict | None = None) ->
                and (f.where.rsplit(".", 1)[0] if "." in f.where else "(root)") == forward["module"]]
         cast = own and "made ±Inf by the --dtype cast" in next(f.message for f in result.findings if f.where == own[0])
         hint = (f"its own parameter {own[0]} is non-finite already (above): the weight carries it, not an operation; "
-                + ("its finite value lies beyond the run's dtype's range: run it in bfloat16 or float32" if cast else
+                + ("its finite value lies beyond the run's dtype's range: run it in a wider one" if cast else
                    "look at the checkpoint or the initialisation") if own else
                 "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs"
                 + (" and in the submodules it runs under the transform, or call them outside it to have them measured"

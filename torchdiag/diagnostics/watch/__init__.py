@@ -13,6 +13,7 @@ non-finite value. Drawing (status line, TensorBoard, plot) is render/watch.py, f
 callbacks `on_read(snapshot)`, `on_histograms(step, named_params)`, `on_finish(result)`."""
 from __future__ import annotations
 
+import threading
 import weakref
 
 from ...errors import UsageError, interrupt_code, one_line
@@ -86,6 +87,7 @@ class Watch:
         self.on_read, self.on_histograms, self.on_finish = on_read, on_histograms, on_finish
         self.engine = None
         self._result = None
+        self._finishing = threading.RLock()
 
     def __enter__(self):
         from .engine import Engine
@@ -131,9 +133,11 @@ class Watch:
         from ...core.interrupts import deferred
         from .report import build
 
-        if self in _active:
-            _active.remove(self)
-        if self._result is None and self.engine is not None:
+        with self._finishing:   # once: a rank blocked in a collective reports from another thread (cli/watch.py)
+            if self in _active:
+                _active.remove(self)
+            if self._result is not None or self.engine is None:
+                return self._result
             with deferred():   # a second Ctrl-C waits for the report (a review: it landed in the build, exit 4, no report)
                 self.engine.finish()
                 self._result = build(self.engine, interrupted, failure)
@@ -145,6 +149,16 @@ class Watch:
                 except Exception as exc:   # noqa: BLE001 - this rank's own (no step seen): result() raises it
                     self._gathered = exc
         return self._result
+
+    def finish_within(self, seconds: float, interrupted=None):
+        """finish() from another thread, unless the run's own finish holds it past `seconds` (a read stuck in the
+        device's queue): then None."""
+        if not self._finishing.acquire(timeout=seconds):
+            return None
+        try:
+            return self.finish(interrupted=interrupted)
+        finally:
+            self._finishing.release()
 
     def result(self):
         """The run's Result (after the `with` block). A run with no optimizer step is a UsageError (exit 2).

@@ -1162,6 +1162,12 @@ def _climbs(engine) -> bool:
     return clock is not None and clock.maximizes()
 
 
+def _trains_a_model(engine, track) -> bool:
+    """Some of the optimizer's parameters are a watched model's (not an input's perturbation alone)."""
+    held = {id(p) for r in engine.roots.values() for p in r.parameters()}
+    return any(id(p) in held for p in track.params)
+
+
 def _climbed_loss(result: Result, engine) -> bool:
     """The run's one optimizer climbs a loss that is one of torch's own (a cross-entropy, an MSE: a quantity to
     minimise), read from its graph: `maximize=True` on it (maximize-on-loss), or it minimised minus it
@@ -1170,7 +1176,9 @@ def _climbed_loss(result: Result, engine) -> bool:
     seen = engine.checks.get("loss_minimised")   # (step, loss, the sign the loss was taken with)
     one = sum(not t.retired for t in engine.tracks.values()) == 1   # a GAN's generator climbs its critic's loss
     climbs = _climbs(engine)
-    if not seen or not one or (seen[2] < 0) == climbs:
+    clock = engine.tracks.get(id(engine.clock)) if engine.clock is not None else None
+    # the weights of a model: an attack's perturbation, the optimizer's only tensor, climbs the loss by design
+    if not seen or not one or (seen[2] < 0) == climbs or clock is None or not _trains_a_model(engine, clock):
         return False
     values = [seen[2] * v for _, v in _finite_pairs(result.series["step"], result.series["loss"])]
     w = window(len(values))
@@ -1179,13 +1187,15 @@ def _climbed_loss(result: Result, engine) -> bool:
     loss = f"{'a cross-entropy' if seen[1] == 'nll_loss' else seen[1]} (read from its graph at step {seen[0]}: " \
            f"{seen[1]} at its root)"
     rose = f"it rose from {statistics.median(values[:w]):.4g} to {statistics.median(values[-w:]):.4g} (first and last {w} steps' medians)"
-    kind = engine.tracks[id(engine.clock)].kind
+    kind = clock.kind
+    # a warning: unlearning climbs its forget set's loss on purpose (a review: a fine-tune from a checkpoint, exit 1)
     if climbs:
-        result.add("maximize-on-loss", "error", "", f"{kind} has maximize=True: each step climbs the loss, {loss}, "
+        result.add("maximize-on-loss", "warning", "", f"{kind} has maximize=True: each step climbs the loss, {loss}, "
                    f"a quantity to minimise; {rose}",
-                   "drop maximize=True: it is for an objective to raise (a reward, a log-likelihood)")
+                   "drop maximize=True: it is for an objective to raise (a reward, a log-likelihood); unless the "
+                   "run un-learns on purpose")
     else:
-        result.add("negated-loss", "error", "", f"the loss is minus {loss}: each step climbs "
+        result.add("negated-loss", "warning", "", f"the loss is minus {loss}: each step climbs "
                    f"it, a quantity to minimise; {rose}",
                    "drop the minus sign (to raise it on purpose, as unlearning does, expect it to climb without bound)")
     return True

@@ -78,7 +78,7 @@ class Track:
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
         self.fired_who: list = []      # per flag, (id, version, fingerprint, no .grad before) of the probed parameter
         self.fired_after: list = []    # per flag, whether .grad was non-zero once its backward had added to it
-        self.kept: dict = {}           # id(parameter) -> (ref, its .grad's direction statistic after the last backward)
+        self.kept: dict = {}           # id(parameter) -> (ref, its .grad's direction statistic after the last backward, its storage)
         self.skipped_at = 0            # the backward count at a GradScaler step that skipped this optimizer's
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
@@ -472,7 +472,7 @@ class Track:
                         direction = _direction(param.grad)                # not asked)
                         after[-1] = (param.grad.detach().abs().sum() > 0).float()
                     if direction is not None:
-                        kept[id(param)] = (ref, direction)
+                        kept[id(param)] = (ref, direction, param.grad.data_ptr())
         return look, keep
 
     def _settle_unkept(self) -> None:
@@ -548,7 +548,7 @@ class Track:
         values, calls = [], set()
         reduced = _ranks() > 1   # the step applies the ranks' mean (DDP, FSDP, an all_reduce by hand), not this one's
         for pid, idx in by.items():
-            ref, direction = self.kept.get(pid, (None, None))
+            ref, direction, ptr = self.kept.get(pid, (None, None, None))
             param = ref() if ref is not None else None
             if len({self.fired_at[i][1] for i in idx}) < 2 or len({self.fired_who[i][1] for i in idx}) != 1 \
                     or param is None or param.grad is None or param.grad.is_sparse:
@@ -559,8 +559,11 @@ class Track:
                     continue
                 weights = torch.stack([self.fired_who[i][2] for i in idx])
                 moved = (weights != weights[:1]).any().float()
-                # (not asked across ranks: a sweep's zero_grad inside DDP's no_sync loop went unseen on 2 ranks)
-                written = self._zero if reduced else ((now - direction).abs() > 1e-4).any().float()
+                # across ranks the values are the ranks' mean (a sweep's zero_grad inside DDP's no_sync loop went unseen
+                # on 2 ranks), written where they are (DDP's reducer, in place): another tensor is the loop's own (a
+                # review: micro-batches summed into buffers and written back, healthy, were said cleared)
+                written = ((self._zero if param.grad.data_ptr() == ptr else self._one) if reduced else
+                           ((now - direction).abs() > 1e-4).any().float())
                 # each later look found .grad gone, or zero where the backward before had left it non-zero
                 # (zero_grad(set_to_none=False), a review's miss); a masked task's exact zeros were never non-zero
                 kept = torch.stack([self._one if self.fired_who[j][3] else self.fired_after[i]
