@@ -1156,9 +1156,14 @@ def _finite_pairs(steps, values):
     return [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(v)]
 
 
+def _clock_track(engine):
+    """The Track of the optimizer whose steps count the run's, or None."""
+    return engine.tracks.get(id(engine.clock)) if engine.clock is not None else None
+
+
 def _climbs(engine) -> bool:
     """The counted optimizer maximizes (maximize=True): its steps climb the loss, so the objective is −loss."""
-    clock = engine.tracks.get(id(engine.clock)) if engine.clock is not None else None
+    clock = _clock_track(engine)
     return clock is not None and clock.maximizes()
 
 
@@ -1175,18 +1180,18 @@ def _climbed_loss(result: Result, engine) -> bool:
     sweep: Adam(maximize=True) on cross_entropy, 2.5 -> 3.3e4, was told to lower the rate)."""
     seen = engine.checks.get("loss_minimised")   # (step, loss, the sign the loss was taken with)
     one = sum(not t.retired for t in engine.tracks.values()) == 1   # a GAN's generator climbs its critic's loss
-    climbs = _climbs(engine)
-    clock = engine.tracks.get(id(engine.clock)) if engine.clock is not None else None
+    climbs, clock = _climbs(engine), _clock_track(engine)
     # the weights of a model: an attack's perturbation, the optimizer's only tensor, climbs the loss by design
     if not seen or not one or (seen[2] < 0) == climbs or clock is None or not _trains_a_model(engine, clock):
         return False
     values = [seen[2] * v for _, v in _finite_pairs(result.series["step"], result.series["loss"])]
     w = window(len(values))
     if len(values) < 2 * w or statistics.median(values[-w:]) <= statistics.median(values[:w]):
-        return False
+        return False   # it did not climb (yet)
     loss = f"{'a cross-entropy' if seen[1] == 'nll_loss' else seen[1]} (read from its graph at step {seen[0]}: " \
            f"{seen[1]} at its root)"
-    rose = f"it rose from {statistics.median(values[:w]):.4g} to {statistics.median(values[-w:]):.4g} (first and last {w} steps' medians)"
+    first, last = statistics.median(values[:w]), statistics.median(values[-w:])
+    rose = f"it rose from {first:.4g} to {last:.4g} (first and last {w} steps' medians)"
     kind = clock.kind
     # a warning: unlearning climbs its forget set's loss on purpose (a review: a fine-tune from a checkpoint, exit 1)
     if climbs:
