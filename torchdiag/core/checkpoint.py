@@ -693,13 +693,15 @@ def _best_fit(state: dict, tried: dict[str, dict], model_keys: set[str], path: s
         return tried[usual[0]], usual[0]
     if len(fits) > 1:
         a, b = list(fits.values())[:2]
-        part = (f"keys under '{a}' or under '{b}'" if how == "stripped" else
-                f"keys with the prefix '{a}' added or with '{b}'")
+        if how == "stripped":
+            part = f"keys under '{a}' or under '{b}'"
+            hint = f"save the part you mean alone: torch.save({{k[len('{a}'):]: v for k, v in sd.items() " \
+                   f"if k.startswith('{a}')}}, 'part.pt')"
+        else:
+            part = f"keys with the prefix '{a}' added or with '{b}'"
+            hint = "load the file into the part you mean: a factory that returns that submodule"
         raise UsageError(f"--checkpoint {path}: {top} of the model's keys fit the file's {part}: which part is "
-                         "meant is not known", hint=("save the part you mean alone: torch.save({k[len('" + a + "'):]: "
-                                                     "v for k, v in sd.items() if k.startswith('" + a + "')}, "
-                                                     "'part.pt')") if how == "stripped" else
-                         "load the file into the part you mean: a factory that returns that submodule")
+                         "meant is not known", hint=hint)
     best = next(iter(fits.values()))
     return tried[best], best
 

@@ -157,7 +157,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                    overflow=ctx.overflow)
     if (why := fills_note(report, ctx)) is not None:
         result.notes.append(why)
-    report_pass(result, report, fill)
+    report_pass(result, report, fill, frozenset(ctx.overflow))
     _all_ignored(result, inputs, loss_fn)
     if wrapped:
         report_reduced(result, reduced is not None)

@@ -170,7 +170,7 @@ def fills_note(rep: PassReport, ctx) -> str | None:
     return f"the forward's ±Inf not traced to the ops that made them (a fill or a computation): {ctx.fills().failed}"
 
 
-def report_forward(result: Result, rep: PassReport, fill: dict | None = None) -> list:
+def report_forward(result: Result, rep: PassReport, fill: dict | None = None, cast: frozenset = frozenset()) -> list:
     """The forward origin (finding + data["forward"]) and the table of calls with non-finite outputs; `fill`
     (filled()): the origin's ±Inf are constants the model writes, an info finding."""
     done = sorted((c for c in rep.calls if c.done >= 0), key=lambda c: c.done)
@@ -187,9 +187,8 @@ def report_forward(result: Result, rep: PassReport, fill: dict | None = None) ->
         # its own weight already non-finite (a checkpoint's NaN): the values are the weight's, not an operation's
         own = [f.where for f in result.findings if f.code == "non-finite-param"
                and (f.where.rsplit(".", 1)[0] if "." in f.where else "(root)") == forward["module"]]
-        cast = own and "made ±Inf by the --dtype cast" in next(f.message for f in result.findings if f.where == own[0])
         hint = (f"its own parameter {own[0]} is non-finite already (above): the weight carries it, not an operation; "
-                + ("its finite value lies beyond the run's dtype's range: run it in a wider one" if cast else
+                + ("its finite value lies beyond the run's dtype's range: run it in a wider one" if own[0] in cast else
                    "look at the checkpoint or the initialisation") if own else
                 "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs"
                 + (" and in the submodules it runs under the transform, or call them outside it to have them measured"
@@ -296,10 +295,11 @@ def report_param_grads(result: Result, rep: PassReport, upstream: bool) -> None:
         Column("inf", "Inf", "count")], list(rows[:MAX_ROWS])))
 
 
-def report_pass(result: Result, rep: PassReport, fill: dict | None = None) -> None:
+def report_pass(result: Result, rep: PassReport, fill: dict | None = None, cast: frozenset = frozenset()) -> None:
+    """`cast`: the weights the --dtype cast made ±Inf (core.precision.cast_overflow)."""
     result.data["modules_checked"] = rep.modules_checked
     result.data["loss_value"] = rep.loss_value
-    bad = report_forward(result, rep, fill)
+    bad = report_forward(result, rep, fill, cast)
     report_loss(result, rep)
     # a NaN target under a finite loss (missing labels a loss masks) leaves the backward to be localised: a review's
     # torch.where over (out - y)**2 made NaN gradients, the loss's backward, which "follows from" hid
