@@ -60,6 +60,12 @@ def no_step(engine, prefix: str = ""):
         from ...errors import DiagError
 
         return DiagError(f"{prefix}{engine.broken}", "an internal error in torchdiag: please report it")
+    if not backwards and engine is not None and engine.under_functorch:   # (a sweep: torch.func.grad, own update)
+        return UsageError(f"{prefix}no optimizer step was seen, though a watched model ran under a torch.func "
+                          "transform (grad, vjp, vmap): watch counts and judges the steps of torch.optim optimizers, "
+                          "not an update made from a transform's gradients by hand",
+                          "write the transform's gradients into each parameter's .grad (p.grad = grads[name]) and "
+                          "call an optimizer's step() (torch.optim.SGD(model.parameters(), lr=…))")
     if not backwards:
         return UsageError(prefix + NO_STEP, NO_STEP_HINT)
     return UsageError(f"{prefix}no optimizer step was seen, though {backwards} backward pass(es) ran: watch counts "

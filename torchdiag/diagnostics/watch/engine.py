@@ -439,6 +439,8 @@ class Engine:
             return
         if self._given_models and self._inert:
             return
+        if self._depth == 0 and not self.under_functorch and under_functorch():   # said if no step is ever seen
+            self.under_functorch = True
         if isinstance(module, _losses()) and args:
             if self._loss_looks.get(id(module), 0) < LOSS_LOOKS and isinstance(module, _class_losses()):
                 self._look_at_loss_input(module, args[0], args[1] if len(args) > 1 else None)
