@@ -202,9 +202,9 @@ def __getattr__(name):              # a module-level hook: would fire if anythin
 """
 
 
-def lightning_checkpoint(path, hparams_module, state):
+def lightning_checkpoint(path, hparams_module, state, legacy=False):
     """The layout Lightning's trainer writes: the module's weights under `model.`, hyper_parameters, optimizer
-    states, callbacks and loops state, lr schedulers, versions."""
+    states, callbacks and loops state, lr schedulers, versions. `legacy`: torch's pre-zip format (torch < 1.6)."""
     m = net()
     m.load_state_dict(state)
     opt = torch.optim.Adam(m.parameters())
@@ -221,7 +221,7 @@ def lightning_checkpoint(path, hparams_module, state):
         "callbacks": {"ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'}": {
             "best_model_score": torch.tensor(0.25), "best_model_path": "/ckpt/epoch=2.ckpt", "dirpath": "/ckpt"}},
         "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 3, "completed": 3}}}},
-    }, path)
+    }, path, _use_new_zipfile_serialization=not legacy)
 
 
 def random_state():
@@ -229,13 +229,14 @@ def random_state():
     return {k: torch.randn_like(v) for k, v in net().state_dict().items()}
 
 
-@pytest.mark.parametrize("name", ["last.ckpt", "trainer.pt"])
+@pytest.mark.parametrize("name", ["last.ckpt", "trainer.pt", "legacy.ckpt"])
 def test_lightning_checkpoint_with_hyper_parameters_loads_exactly(spec, tmp_path, cli, name):
     """Namespace, a dict subclass and a dataclass of a module that no longer exists, optimizer states, callbacks:
-    weights_only refuses the file, torchdiag reads it through inert stand-ins and takes the state dict, exactly."""
+    weights_only refuses the file, torchdiag reads it through inert stand-ins and takes the state dict, exactly.
+    The pre-zip format too, whose globals torch's scan does not read (a sweep: refused while the zip loaded)."""
     hp = temp_module(tmp_path, "hparams_gone_1", USER_HPARAMS)
     path, state = tmp_path / name, random_state()
-    lightning_checkpoint(path, hp, state)
+    lightning_checkpoint(path, hp, state, legacy=name.startswith("legacy"))
     forget_module(tmp_path, "hparams_gone_1")
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path, weights_only=True)              # what plain weights_only says of this file
@@ -296,7 +297,7 @@ def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path
         except pickle.UnpicklingError:
             assert call == "os.system"
         assert not marker.exists()
-    # the pre-zip torch.save format and a plain pickle: no stand-ins (torch cannot scan them), refused the same way
+    # the pre-zip torch.save format (read by our own scan) and a plain pickle: refused the same way
     torch.save({"state_dict": trained(), "h": evil.Evil()}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
     (tmp_path / "plain.pt").write_bytes(pickle.dumps({"state_dict": {}, "h": evil.Evil()}, protocol=4))
     for name in ("legacy.pt", "plain.pt"):

@@ -310,7 +310,9 @@ def _torch_load(path: str, meta: bool) -> tuple[Any, dict]:
     zipped = _is_zip(path)
     # meta: mmap maps the file and nothing touches the data records (older torch read them for map_location meta)
     where = {"map_location": "meta" if meta else "cpu", "mmap": meta and zipped}
-    names = _globals_beyond_weights(path) if zipped else []
+    # the legacy (non-zip) format, which torch's scan does not read: our own static scan of its pickles (a sweep: an
+    # old Lightning .ckpt's argparse.Namespace refused where the same checkpoint zipped loaded)
+    names = _globals_beyond_weights(path) if zipped else unsafe_globals(path)
     if not names:
         return _weights_only(path, where), {}
     hostile = _hostile_refusal(path, names)
