@@ -8,6 +8,7 @@ import os
 import pickle
 import struct
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -785,10 +786,21 @@ def test_an_empty_or_foreign_file_is_said_in_words(spec, tmp_path, cli):
     torch.save(trained(), good)
     # a copy cut short: a review found it called no zip
     (tmp_path / "cut.pt").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    # a NumPy .npz and another zip (a sweep: torch's "[enforce fail at inline_container.cc:180] file in archive is not
+    # in a subdirectory")
+    import numpy as np
+
+    np.savez(tmp_path / "w.npz", weight=np.zeros(3))
+    with zipfile.ZipFile(tmp_path / "other.pt", "w") as z:
+        z.writestr("notes.txt", "hello")
     for name, said in (("text.pt", "not a file torch.save wrote (neither its zip archive nor a pickle; 5 bytes)"),
-                       ("empty.pt", "the file is empty"), ("cut.pt", "a zip archive without its end")):
+                       ("empty.pt", "the file is empty"), ("cut.pt", "a zip archive without its end"),
+                       ("w.npz", "a zip archive that torch.save did not write (a NumPy .npz: it holds weight.npy)"),
+                       ("other.pt", "a zip archive that torch.save did not write (it holds notes.txt)")):
         r = cli("summary", spec, "--checkpoint", tmp_path / name)
         assert r.code == 2 and f"cannot read {tmp_path / name}: {said}" in r.stderr, r.stderr
+        one_error_line(r)
+    assert "torch.from_numpy(v)" in cli("summary", spec, "--checkpoint", tmp_path / "w.npz").stderr
 
 
 def test_a_plain_pickle_is_refused_in_words(spec, tmp_path, cli):

@@ -348,8 +348,11 @@ def _weights_only(path: str, where: dict):
                          hint="rename it to .safetensors" if foreign and "safetensors" in foreign else
                          "torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
     except Exception as exc:  # not a torch file, truncated, ...
-        raise UsageError(f"cannot read {path}: {_unreadable(path, exc)}",
-                         hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+        why = _unreadable(path, exc)
+        raise UsageError(f"cannot read {path}: {why}", hint=(
+            f"convert it once in Python: torch.save({{k: torch.from_numpy(v) for k, v in numpy.load('{path}').items()}}"
+            ", 'weights.pt') and pass --checkpoint weights.pt" if NPZ in why else
+            "torchdiag reads files written by torch.save (or a Lightning .ckpt)")) from exc
 
 
 def _unreadable(path: str, exc: Exception) -> str:
@@ -370,7 +373,29 @@ def _unreadable(path: str, exc: Exception) -> str:
         return f"a zip archive without its end ({size:,} bytes: cut short?): {one_line(exc, 120)}"
     if head != b"PK" and head[:1] != b"\x80":   # neither torch.save's zip nor a pickle's PROTO opcode
         return f"not a file torch.save wrote (neither its zip archive nor a pickle; {size:,} bytes)"
+    if head == b"PK":
+        return _other_zip(path) or one_line(exc)
     return one_line(exc)
+
+
+NPZ = "a NumPy .npz: "
+
+
+def _other_zip(path: str) -> str | None:
+    """A zip archive that is not torch.save's (no data.pkl under one folder): what it holds, in words (a sweep: a
+    NumPy .npz said torch's "[enforce fail at inline_container.cc:180] file in archive is not in a subdirectory")."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if any(n.endswith("/data.pkl") for n in names):
+        return None
+    npz = names and all(n.endswith(".npy") for n in names)
+    shown = ", ".join(names[:3]) + (f" … (+{len(names) - 3})" if len(names) > 3 else "")
+    return f"a zip archive that torch.save did not write ({NPZ if npz else ''}it holds {shown or 'nothing'})"
 
 
 def _refusal(path: str, why: str, hint: str | None = None) -> UsageError:
