@@ -257,6 +257,16 @@ def test_hf_folder_whose_weights_are_not_regular_files(tmp_path, cli, kind):
     assert "model.safetensors" in line and "not a regular file" in line
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_hf_folder_whose_config_is_not_a_regular_file(tmp_path, cli, kind):
+    """A sweep: a FIFO config.json was said "the folder has no config.json"."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    _special(folder, kind, "config.json")
+    line = failing(cli, 2, "summary", f"hf:{folder}")
+    assert "config.json is a" in line and "not a regular file" in line and "has no config.json" not in line, line
+
+
 def test_index_whose_shard_is_a_fifo(tmp_path, spec, cli):
     os.mkfifo(tmp_path / "shard-1.safetensors")
     index = tmp_path / "model.safetensors.index.json"

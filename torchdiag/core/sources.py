@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import ModelError, UsageError, host_out_of_memory, one_line
 from . import hub
-from .limits import json_depth, read_text
+from .limits import json_depth, read_text, regular_file
 from .resources import ran_out_building, room_for_model
 
 LABELS_FROM_IDS = "labels = the input ids"   # the header's words (inputs.py says when they changed)
@@ -349,8 +349,10 @@ def _hf_paths(path: str) -> tuple[str, str]:
     if not os.path.isdir(path):
         raise UsageError(f"hf:{path}: no such folder or file", hint=hint)
     config_file = os.path.join(path, "config.json")
-    if not os.path.isfile(config_file):
+    if not os.path.lexists(config_file):
         raise UsageError(f"hf:{path}: the folder has no config.json", hint=hint)
+    # there, but a FIFO, a folder or a dangling link: said as what it is (a sweep: a FIFO was "no config.json")
+    regular_file(config_file, f"hf:{path}:", hint="config.json is a file save_pretrained writes")
     return path, config_file
 
 
