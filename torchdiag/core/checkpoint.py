@@ -675,12 +675,16 @@ def _is_state(obj: dict) -> bool:
 def strip_prefix(state: dict[str, Any], model_keys: set[str], path: str = "") -> tuple[dict[str, Any], str]:
     """Strip a prefix the model's keys do not have (`model.` of a LightningModule, `module.` of DDP,
     `_orig_mod.` of torch.compile, or any first name all keys share) when that makes more keys fit."""
-    done = ""
+    done, entry = "", ""
     for _ in range(3):   # stacked: DDP around a compiled model saves `module._orig_mod.` (a review)
         state, prefix = _strip_once(state, model_keys, path)
+        entry = getattr(state, "entry", "") or entry
         if not prefix:
             break
         done += prefix
+    if entry and not getattr(state, "entry", ""):   # said in the report (load), whichever strip found it
+        state = Unwrapped(state)
+        state.entry = entry
     return state, done
 
 
@@ -717,7 +721,7 @@ def _best_fit(state: dict, tried: dict[str, dict], model_keys: set[str], path: s
         fits.setdefault(frozenset((k, id(v)) for k, v in tried[p].items() if k in model_keys), p)
     usual = [p for p in fits.values() if p in STRIP_PREFIXES or p[:len(p) // 2] in STRIP_PREFIXES]
     if len(fits) > 1 and len(usual) == 1:   # a wrapper's own name (Lightning's `model.` beside its `ema_model.`)
-        return tried[usual[0]], usual[0]
+        return _beside(tried[usual[0]], [p for p in fits.values() if p != usual[0]], model_keys), usual[0]
     if len(fits) > 1:
         a, b = list(fits.values())[:2]
         if how == "stripped":
@@ -731,6 +735,15 @@ def _best_fit(state: dict, tried: dict[str, dict], model_keys: set[str], path: s
                          "meant is not known", hint=hint)
     best = next(iter(fits.values()))
     return tried[best], best
+
+
+def _beside(state: dict, others: list[str], model_keys: set[str]) -> Unwrapped:
+    """The wrapper's copy, the other copies' keys left out and said (a sweep: Lightning's `model.` beside its
+    `ema_model.` loaded, then failed strict loading on the EMA's keys as unexpected)."""
+    kept = Unwrapped((k, v) for k, v in state.items() if k in model_keys or not k.startswith(tuple(others)))
+    names = " and ".join(f"'{p}'" for p in others)
+    kept.entry = f"the file's other copy under {names} left out ({len(state) - len(kept)} tensors)"
+    return kept
 
 
 def _shared_head(keys: list[str]) -> list[str]:
@@ -750,6 +763,7 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     entry = getattr(state, "entry", "")
     ours = model.state_dict(keep_vars=True)
     state, stripped = strip_prefix(state, set(ours), path)
+    entry = "; ".join(e for e in dict.fromkeys((entry, getattr(state, "entry", ""))) if e)
     state, added = add_prefix(state, set(ours), path) if not stripped else (state, "")
     report = Report(path, stripped=stripped, added=added, header_only=header_only, entry=entry)
     meta = device is not None and device.type == "meta"
