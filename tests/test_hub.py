@@ -449,3 +449,19 @@ def test_the_cli_answers_a_missing_name_without_importing_torch(tmp_path):
     assert r.returncode == 2 and "error: hf:org/name is no local folder and is not in the Hugging Face cache" in r.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
     assert "torch" not in imported and "huggingface_hub" not in imported
+
+
+def test_a_timm_folder_given_as_hf_names_the_timm_spec(tmp_path, cli):
+    """A sweep: timm's Hub folder (save_for_hf: `architecture`, no `model_type`) given as hf: was told to add a
+    transformers model_type; it is timm's, built by timm:NAME with the folder's weights."""
+    pytest.importorskip("transformers")
+    folder = tmp_path / "timm-resnet18"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architecture": "resnet18", "num_classes": 10,
+                                                    "pretrained_cfg": {"input_size": [3, 224, 224]}}))
+    torch.save({}, folder / "pytorch_model.bin")
+    r = cli("summary", f"hf:{folder}")
+    assert r.code == 2, r.stderr
+    one_error_line(r)
+    assert "is a timm model's (architecture resnet18)" in r.stderr
+    assert f"torchdiag summary timm:resnet18 --checkpoint {folder / 'pytorch_model.bin'}" in r.stderr, r.stderr

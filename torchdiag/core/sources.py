@@ -356,6 +356,17 @@ def _hf_paths(path: str) -> tuple[str, str]:
     return path, config_file
 
 
+def _timm_folder(arch: str, config_file: str) -> UsageError:
+    """A timm model's Hub folder (timm's save_for_hf: `architecture`, no `model_type`) given as hf: (a sweep: told
+    to add a transformers model_type): the timm: spec that builds it, with its weights file."""
+    folder = os.path.dirname(config_file)
+    weights = next((os.path.join(folder, n) for n in ("model.safetensors", "pytorch_model.bin")
+                    if os.path.isfile(os.path.join(folder, n))), None)
+    ckpt = f" --checkpoint {weights}" if weights else ""
+    return UsageError(f"{config_file} is a timm model's (architecture {arch}), not a transformers one",
+                      hint=f"build it with timm: torchdiag summary timm:{arch}{ckpt}")
+
+
 FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
 
 
@@ -377,6 +388,8 @@ def _hf_config(config_dict: dict, config_file: str, overrides: dict):
     from transformers import AutoConfig
 
     model_type = config_dict.get("model_type")
+    if not model_type and isinstance(config_dict.get("architecture"), str):
+        raise _timm_folder(config_dict["architecture"], config_file)
     if not model_type:
         raise UsageError(f"{config_file} has no model_type", hint="config.json written by save_pretrained names it, e.g. \"model_type\": \"gpt2\"")
     values = {k: v for k, v in config_dict.items() if k != "model_type"}
