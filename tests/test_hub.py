@@ -464,4 +464,4 @@ def test_a_timm_folder_given_as_hf_names_the_timm_spec(tmp_path, cli):
     assert r.code == 2, r.stderr
     one_error_line(r)
     assert "is a timm model's (architecture resnet18)" in r.stderr
-    assert f"torchdiag summary timm:resnet18 --checkpoint {folder / 'pytorch_model.bin'}" in r.stderr, r.stderr
+    assert f"give timm:resnet18 --checkpoint {folder / 'pytorch_model.bin'} in its place" in r.stderr, r.stderr

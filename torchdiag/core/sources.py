@@ -364,7 +364,7 @@ def _timm_folder(arch: str, config_file: str) -> UsageError:
                     if os.path.isfile(os.path.join(folder, n))), None)
     ckpt = f" --checkpoint {weights}" if weights else ""
     return UsageError(f"{config_file} is a timm model's (architecture {arch}), not a transformers one",
-                      hint=f"build it with timm: torchdiag summary timm:{arch}{ckpt}")
+                      hint=f"build it with timm: give timm:{arch}{ckpt} in its place")
 
 
 FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
