@@ -49,9 +49,18 @@ def add_all(r, st) -> None:
         if s.hashes.duplicates > blanks and not constant:   # a constant input repeats by definition, a blank too
             a, b = s.hashes.pairs[0]
             copies = _stream_copies(st, split, s)
+            # drawn from a space the split enumerates, or (validation) from the one training enumerates; not where
+            # fields were left unread (the samples may differ there: x_cat's 25 combinations beside x_num)
+            of = s if space(s) else st.scans.get("train") if split == "val" and s.overlap == s.samples else None
+            unread = [f.name for f in s.fields.values() if f.role == "other"]
+            if not copies and not unread and of is not None and (size := space(of)):
+                r.add("duplicate-samples", "info", f"{split}:{'+'.join(s.roles.inputs)}",
+                      f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample "
+                      f"{a}), by design: {_enumerated(of, size, '' if of is s else 'training ')}, so repeats are the "
+                      "data's own frequencies" + ("" if of is s else " (every validation input is one of them)"))
+                continue
             # fields not hashed: the repeats may differ there (a second review: hashing every vector field hid true
             # repeats whose metadata differed), or be no repeats at all (x_cat's 25 combinations beside x_num)
-            unread = [f.name for f in s.fields.values() if f.role == "other"]
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
                   f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
                   + (f": {copies[1]:.0%} of the samples read, as when each of the loader's {copies[0]} workers yields "
@@ -111,6 +120,13 @@ def _overlap(r, st) -> None:
             f"(first: val sample {b} = train sample {a})")
     hint = ("split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side; "
             "where the inputs are draws from a small discrete space, some overlap is chance (docs/data.md)")
+    read_all = t is not None and not any(f.role == "other" for sc in (t, v) for f in sc.fields.values())
+    if read_all and (size := space(t)):
+        r.add("train-val-overlap", "info", f"val:{'+'.join(v.roles.inputs)}",
+              f"{said}, by design: {_enumerated(t, size, 'training ')}, so a validation input within it is a "
+              "training input, whatever the split: the validation score measures the fit to that space, and no "
+              "unseen input exists to generalise to")
+        return
     within = share <= 0.5 / math.sqrt(n) and all(k <= 0.5 * math.sqrt(m) for m, k in v.by_label.values())
     if within and _whole(v) and t is not None and _whole(t):
         r.add("train-val-overlap", "info", f"val:{'+'.join(v.roles.inputs)}",
@@ -120,6 +136,16 @@ def _overlap(r, st) -> None:
         return
     r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
           f"{said}; validation scores are inflated", hint)
+
+
+def space(s) -> int | None:
+    """The size of the discrete space a split's inputs enumerate (stats.Space), else None."""
+    return s.space.size(s.samples - s.hashes.duplicates, s.samples)
+
+
+def _enumerated(s, size: int, which: str = "") -> str:
+    return (f"the {which}inputs are every combination of their columns' values, a discrete space of {size:,} inputs "
+            f"({s.samples:,} samples read)")
 
 
 def _whole(s) -> bool:

@@ -12,7 +12,7 @@ import torch
 from ...core import batches as B
 from ...core.datasets import settings
 from ...core.fetch import guarded
-from .stats import FieldStats, Hashes, layout
+from .stats import FieldStats, Hashes, Space, layout
 
 ITERABLE_BATCHES = 100      # an iterable without --samples: at most this many batches
 
@@ -62,6 +62,7 @@ class SplitScan:
     roles: Any = None                         # core.batches.Roles
     fields: dict[str, FieldStats] = field(default_factory=dict)
     hashes: Hashes = field(default_factory=Hashes)
+    space: Space = field(default_factory=Space)   # do the inputs enumerate a small discrete space?
     samples: int = 0
     total: int | None = None                  # len of the data set, when known
     subset: bool = False                      # a random subset of --samples was read
@@ -221,6 +222,7 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
     if inputs and all(t.shape[0] == len(idx) for t in inputs):
         digests = Hashes.digests(inputs)
         out.hashes.add(digests, idx)
+        out.space.add(inputs)
         if against is not None:
             labels = _sample_labels(named.get(roles.target), len(idx))
             for k, (d, i) in enumerate(zip(digests, idx)):

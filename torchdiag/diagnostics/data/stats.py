@@ -355,3 +355,67 @@ class Hashes:
                 self.duplicates += 1
                 if len(self.pairs) < 20:
                     self.pairs.append((j, i))
+
+
+SPACE_COLUMNS = 256    # input columns of a sample, at most, whose values Space keeps (a wider one: not read)
+SPACE_VALUES = 1024    # distinct values a column may take before the inputs are no small discrete space
+
+
+class Space:
+    """Do the inputs enumerate a discrete space: every combination of their columns' values present? Kept per
+    column: its distinct values (up to SPACE_VALUES) and a hash of its values sample after sample, which finds the
+    columns that copy another (a board's wrap-around padding). `size()` is the space's size when the distinct
+    samples number exactly the product of the distinct columns' value counts, else None. Where it holds, repeats
+    and a split's overlap are the data's own (a sweep of the ported training-bug programs: Game of Life's 512
+    3×3 boards drawn 8,000 times, XOR's 4 points), no leak: no other input exists."""
+
+    MUL = 0x9E3779B97F4A7C15   # a 64-bit odd multiplier: column hashes as polynomials in it, wrapping
+
+    def __init__(self):
+        self.values: list[set] | None = None   # per column; None before the first batch
+        self.sig = None                         # per column: uint64 hash of its values so far
+        self.gone = False                       # too wide, ragged or too many values: not a small space
+
+    def add(self, tensors: list[torch.Tensor]) -> None:
+        import numpy as np
+
+        if self.gone or not tensors:
+            return
+        n = tensors[0].shape[0]
+        try:
+            x = torch.cat([t.detach().cpu().reshape(n, -1).to(torch.float64) for t in tensors], 1).numpy()
+        except (RuntimeError, TypeError):   # ragged, complex, or not numbers
+            self.gone = True
+            return
+        if x.shape[1] > SPACE_COLUMNS or (self.values is not None and x.shape[1] != len(self.values)):
+            self.gone = True
+            return
+        if self.values is None:
+            self.values = [set() for _ in range(x.shape[1])]
+            self.sig = np.zeros(x.shape[1], dtype=np.uint64)
+        for j, col in enumerate(x.T):
+            self.values[j].update(np.unique(col).tolist())
+            if len(self.values[j]) > SPACE_VALUES:
+                self.gone = True
+                return
+        bits = np.ascontiguousarray(x + 0.0).view(np.uint64)   # (+ 0.0: -0.0 is 0.0)
+        powers = np.power(np.uint64(self.MUL), np.arange(n, 0, -1, dtype=np.uint64) - np.uint64(1))
+        with np.errstate(over="ignore"):
+            self.sig = self.sig * np.power(np.uint64(self.MUL), np.uint64(n)) + (bits * powers[:, None]).sum(0)
+
+    def size(self, distinct: int, samples: int) -> int | None:
+        """The space's size where the `distinct` samples (of `samples`) are every combination of the distinct
+        columns' values and each column takes at most √samples values; else None."""
+        if self.gone or self.values is None or distinct < 2:
+            return None
+        seen, size = set(), 1
+        for sig, vals in zip(self.sig.tolist(), self.values):
+            if sig in seen or len(vals) < 2:   # a copy of a column counted already, or a constant
+                continue
+            seen.add(sig)
+            if len(vals) ** 2 > samples:
+                return None
+            size *= len(vals)
+            if size > distinct:
+                return None
+        return size if size == distinct else None
