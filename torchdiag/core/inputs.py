@@ -12,7 +12,7 @@ from ..errors import UsageError, one_line
 from . import seeds
 from .resources import memory_limit
 
-INPUT_WAYS = ("-i/--input SHAPE[:DTYPE] (e.g. -i 8x3x32x32 or -i 2x128:int64[0,30000)), "
+INPUT_WAYS = ("-i/--input SHAPE[:DTYPE] (e.g. -i 8x3x32x32 or -i '2x128:int64[0,30000)': quoted for the shell), "
               "an example_inputs() function in the model's module (a dict for keyword inputs), "
               "or an example_input_array attribute on the model; a real batch with --batch FILE.py:fn where the "
               "command takes one")
