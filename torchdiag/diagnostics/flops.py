@@ -438,8 +438,11 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
                                           "elementwise, normalisation and pooling are not counted by convention)"))
     sized = sorted(counts.value_sized)
     if sized:   # a detector's heads run on the proposals that survive: another image gives another count
-        result.notes.append(f"the count depends on the input's values: {', '.join(sized)} ran, which size what follows "
-                            "by what passes (boxes kept, tokens routed); another input gives another count")
+        # "may": not every such op sizes a counted one (torch_geometric's self-loop filter sizes an edge list that
+        # only gathers and scatters read: the count stays 25,600 FLOPs for any edges, a sweep)
+        result.notes.append(f"the count may depend on the input's values: {', '.join(sized)} ran, which size what "
+                            "follows by what passes (boxes kept, tokens routed); where a counted op (a detector's heads) "
+                            "works on what they kept, another input gives another count")
     result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
     return result
 
