@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 from torch import nn
 
@@ -1118,3 +1119,38 @@ def test_bound_reuses_what_silent_kept_one_forward_a_name():
         reused = derived.bound(model, name, at, loss, shifted_for(name), keep)
         assert len(forwards) == 1, (name, forwards)
         assert abs(reused - alone) <= 1e-12 * alone, (name, reused, alone)
+
+
+class _FaintDecay(nn.Module):
+    """A mixer whose decay sets how much of the previous sample's state it keeps, at a faint scale `f` (zamba2's
+    Mamba A_log in a 32-wide shrunk config moves its loss by ~3e-10 of itself): a real dependence, no cancellation."""
+
+    def __init__(self, f: float):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.head = nn.Linear(8, 16), nn.Linear(16, 3)
+        self.weight = nn.Parameter(torch.randn(16, 16) / 4)
+        self.decay = nn.Parameter(torch.ones(16))
+        self.f = f
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.head(h @ self.weight + self.f * torch.tanh(self.decay) * h.roll(1, 0))
+
+
+@pytest.mark.parametrize("f", [1e-9, 1e-10])
+def test_a_faint_real_dependence_is_not_called_cancelled(f):
+    """A zoo re-run: zamba2's A_log, whose float64 gradient is 3e-10 of its weight, was `invariant` ("a following
+    normalisation or softmax cancels it"): its shift moved the loss under the test's 1e-9 of itself, and tanh's
+    saturation kept a larger shift from showing more. A slope above float64's rounding must show the cancellation's
+    signature in the gradient too: it keeps its vanishing-grad (plain SGD: Adam would step it normally)."""
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    model, xd = _FaintDecay(f).double(), x.double()   # the premise, in float64: a unit shift moves the loss, by less
+    base = float(model(xd).square().mean())           # than the shift test's 1e-9 of itself
+    with torch.no_grad():
+        model.decay.add_(torch.randn(16, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    assert 1e-14 < abs(float(model(xd).square().mean()) - base) / base < 1e-9
+    res = api_run("gradflow", _FaintDecay(f), (x,), optimizer="sgd")
+    row = next(r for r in res.table("params").rows if r["name"] == "decay")
+    assert row["status"] == "vanishing-grad", row
+    assert "invariant" not in {x.code for x in res.findings}
