@@ -88,7 +88,7 @@ class Verdict:
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
     steps: int = 0              # the optimizer steps of the run that measured `after`
     at: int = 0                 # measured after this earlier step of the run instead (exploding-grad: earlier_step)
-    longer: Verdict | None = None   # the longer run's verdict, where it ran (_climbing, _settling)
+    longer: Verdict | None = None   # the longer run's verdict, where it ran (_climbing)
     opens: bool = False             # the longer run resolved it and its growth compounds: the path opens
 
     def measure(self) -> str:
@@ -173,8 +173,8 @@ class Recheck:
         return self.passes - self.steps - 1 - (LONG_STEPS + 1 if self.longer else 0)
 
     def cost(self) -> str:
-        again = (f", then {LONG_STEPS} steps on a fresh copy for {self.longer} gradient(s) still on their way (climbing "
-                 "towards the vanishing threshold, or falling under the exploding one)" if self.longer else "")
+        again = (f", then {LONG_STEPS} steps on a fresh copy for {self.longer} gradient(s) still climbing towards "
+                 "the threshold" if self.longer else "")
         eps = (f" (Adam's eps {self.eps:g}: float16 holds no 1e-8, whose step divides a gradient that vanished "
                "by 0)") if self.eps else ""
         asked = f"; {self.invariance}" if self.invariance else ""
@@ -198,7 +198,7 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
 def _recheck(model, inputs, flags, ctx, steps, eval_mode, prepare, passes) -> Recheck:
     """recheck's runs: the short one, then a longer one for the gradients climbing towards their threshold."""
     rc = _run(model, inputs, flags, ctx, steps, eval_mode, prepare, passes)
-    climbing = [v.flag for v in rc.verdicts.values() if _climbing(v) or _settling(v)]
+    climbing = [v.flag for v in rc.verdicts.values() if _climbing(v)]
     if not climbing:
         return rc
     # measured, not extrapolated: the climb only chooses who gets the longer run (on a fresh copy)
@@ -224,16 +224,6 @@ def _climbing(v: Verdict) -> bool:
         return False
     rate = (v.after / v.before) ** (1.0 / v.steps)
     return v.after * rate ** (LONG_STEPS - v.steps) >= v.flag.threshold
-
-
-def _settling(v: Verdict) -> bool:
-    """An exploding grad/weight that fell faster than the loss in the short run, though not yet GROW x further (hf
-    pe_audio_encoder's class token, small at initialisation: 456 -> 104 in 3 Adam steps while the loss fell 1.17x):
-    the longer run measures whether the fall goes on (transient); this only chooses who gets it. One that falls with
-    the loss keeps its verdict unasked (broken_exploding at gain 2.6: its head 356 -> 117 as the loss fell 3x)."""
-    l0, lk = v.losses
-    return (v.flag.kind == "exploding-grad" and not v.flag.by_norm and not v.resolved and v.steps < LONG_STEPS
-            and 0 < v.after < v.before and math.isfinite(v.before) and 0 < lk < l0 and v.before / v.after > l0 / lk)
 
 
 def _compounds(short: Verdict, long: Verdict) -> bool:

@@ -193,7 +193,7 @@ DESIGN_TITLES = {
                     "the model",
     "transient-grad": "have large gradients only at the starting point: a few real optimizer steps bring them to the "
                       "level of the rest of the model",
-    "small-weight": "have a large grad/weight ratio only because their weight is small (near zero, or below the model's median scale), while a few real "
+    "small-weight": "have a large grad/weight ratio only because their weight is near zero, while a few real "
                     "optimizer steps lower the loss",
     "small-term": "have a large grad/weight ratio only because their part in their module's output is small: read "
                   "there, the ratio is within --exploding-ratio",
@@ -292,9 +292,7 @@ def _why(kind, cause) -> str:
                               "--optimizer sgd takes steps that scale with the gradient)",
             "small-weight": "their gradient's norm is within --exploding, and in a short training run on a copy the "
                             "loss fell while the optimizer moved each, per element, at most 4x the median step of the "
-                            "other parameters that moved, or their grad/weight at least halved as the weight grew, or (a weight below "
-                            "the model's median scale) a 10-step run on a fresh copy brought it under --exploding-ratio, "
-                            "falling at least 10x further than the loss did",
+                            "other parameters that moved, or their grad/weight at least halved as the weight grew",
             "small-term": "each moved alone against its gradient by 1% of its norm (on a copy) moves the output of the "
                           "module that holds it by so little that grad/weight times that relative move is within "
                           "--exploding-ratio: a small part of that output, such as a bias beside the values it is "

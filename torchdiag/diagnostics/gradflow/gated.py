@@ -83,10 +83,10 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
             r["rechecked"] = v.steps if v.compared() else False   # no other parameter moved: nothing compared
             what = v.measure()
             r["recheck_fact"] = (f"{what} {v.after:.3g} after {v.steps} steps, the loss {v.losses[0]:.3g} → "
-                                 f"{v.losses[1]:.3g}") + _fell_with_loss(v, _threshold(r, opts)) + _fell_longer(v)
+                                 f"{v.losses[1]:.3g}") + _fell_with_loss(v, _threshold(r, opts))
             if step_claim(r, opts) and v.steps_moderately(v.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
-            elif step_claim(r, opts) and v.steps_alike() and (_near_zero(r, typical) or _settled(r, v, typical)):
+            elif step_claim(r, opts) and _near_zero(r, typical) and v.steps_alike():
                 r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
             elif (why := scaled(r["name"])) is not None:
                 r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": why})
@@ -367,15 +367,6 @@ def _fell_with_loss(v, threshold: float) -> str:
             "gradient, so only a fall far faster than the loss's tells a transient of the starting point)")
 
 
-def _fell_longer(v) -> str:
-    """What the longer run (core/gates._settling) measured where it ran."""
-    lv = v.longer
-    if lv is None or not (lv.after > 0 and lv.losses[1] > 0):
-        return ""
-    return (f"; given {lv.steps} steps on a fresh copy, {lv.after:.3g} ({lv.before / lv.after:.3g}x, the loss "
-            f"{lv.losses[0] / lv.losses[1]:.3g}x)")
-
-
 def _by_norm(r, opts) -> bool:
     """Judged by its gradient norm, as params.status judged it: tiny by construction, or an exploding norm."""
     return is_tiny(r) or (r["status"] == "exploding-grad" and not step_claim(r, opts))
@@ -418,24 +409,10 @@ def _near_zero(r, typical: float) -> bool:
     return size is not None and typical > 0 and size < NEAR_ZERO * typical
 
 
-def _settled(r, v, typical: float) -> bool:
-    """A weight below the model's median scale whose ratio the longer run (core/gates._settling) brought under the
-    threshold, falling GROW x further than the loss: a large ratio of the start, not of the run."""
-    size = rms(r)
-    return v.longer is not None and v.longer.resolved and size is not None and size < typical
-
-
 def alike_why(r, v, ctx) -> str:
     start = (f"grad/weight {v.before:.3g} at initialisation from a weight near zero (‖w‖ {r['weight_norm']:.3g}, "
              f"‖grad‖ {r['grad_norm']:.3g})")
     fell = f"the loss fell {v.losses[0]:.3g} → {v.losses[1]:.3g}"
-    if (lv := v.longer) is not None and lv.resolved:
-        return (f"grad/weight {v.before:.3g} at initialisation from a weight below the model's median scale (RMS "
-                f"{rms(r):.3g}, ‖grad‖ {r['grad_norm']:.3g}); {ctx.spec.optimizer.describe()} moved each element by "
-                f"{v.update:.3g} (RMS) in {v.steps} steps on a copy, against a median of {v.median_update:.3g} over "
-                f"the other parameters that moved, and in {lv.steps} steps on a fresh copy the ratio fell to "
-                f"{lv.after:.3g}, {lv.before / lv.after:.3g}x, while the loss went {lv.losses[0]:.3g} → "
-                f"{lv.losses[1]:.3g}: the step is like the others', only the weight is small")
     if v.grew_out():
         return (f"{start}; in {v.steps} steps of {ctx.spec.optimizer.describe()} on a copy the ratio fell to "
                 f"{v.after:.3g} as the weight grew away from zero, and {fell}")
