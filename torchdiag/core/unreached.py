@@ -415,7 +415,7 @@ def open_elsewhere(work, inputs, names: list[str], ctx) -> tuple[dict[str, int],
     runs = refused = 0
     for batch in batches[:OPEN_BATCHES]:
         try:
-            got = _ask(work, [batch], names, ctx, True, (), floor=True)
+            got = _ask(work, [batch], names, ctx, True, ())
         except ModelError:   # a batch the forward refuses reaches nothing; the first ones all refused: raised
             refused += 1
             if refused == REFUSED_FIRST and not runs:
@@ -442,7 +442,7 @@ def closed_on_batch(work, inputs, names: list[str], ctx, steps: int) -> tuple[li
 REFUSED_FIRST = 3   # fresh batches the forward refuses, all of the first ones, before the re-check gives up
 
 
-def _ask(work, batches: list, names: list[str], ctx, nonzero: bool, saturated, floor: bool = False) -> Fresh:
+def _ask(work, batches: list, names: list[str], ctx, nonzero: bool, saturated) -> Fresh:
     """reached_by_other_inputs on these fresh batches, one seeded pass each, stopping once all are reached. A batch the
     forward refuses reaches nothing and the next is tried (a token the model reserves drawn among the table's rows);
     when the first REFUSED_FIRST are all refused, the forward refuses fresh batches as such (rows mixed across samples
@@ -466,7 +466,7 @@ def _ask(work, batches: list, names: list[str], ctx, nonzero: bool, saturated, f
             if refused == runs >= REFUSED_FIRST or refused == len(batches):
                 raise
             continue
-        got = _got(params, [n for n in names if n not in reached] + watch, True if watch else nonzero, floor)
+        got = _got(params, [n for n in names if n not in reached] + watch, True if watch else nonzero)
         if got & set(watch):
             return Fresh(set(), runs, sorted(got & set(watch)), refused)
         reached |= got
@@ -497,29 +497,16 @@ def _ids(t) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.is_nested)
 
 
-def _got(params: dict, names: list[str], nonzero: bool, floor: bool = False) -> set[str]:
-    """Of `names`, those with a finite gradient (`nonzero`: one not all zeros; `floor`: one above rounding, its largest
-    value over gates.SUSPECT x the largest of the whole gradient), read back once: a NaN batch's NaN gradient reaches
-    nothing. The floor: hf sam_vision_model's rel_pos, behind weights drawn at 1e-10, gets exactly 0 on every batch at
-    initialisation and 4.7e-31 on fresh batches after the short run, an underflow's edge and no unit opening (a
-    review called it closed-on-batch)."""
+def _got(params: dict, names: list[str], nonzero: bool) -> set[str]:
+    """Of `names`, those with a finite gradient (`nonzero`: one not all zeros), read back once: a NaN batch's NaN
+    gradient reaches nothing."""
     got = [n for n in names if n in params and params[n].grad is not None]
     if not got:
         return set()
-    import torch
-
-    from .gates import SUSPECT
     from .readback import read_back
-
-    whole = None
-    if floor:
-        whole = torch.stack([p.grad.detach().abs().amax().float() for p in params.values() if p.grad is not None
-                             and p.grad.numel() and p.grad.device == params[got[0]].grad.device]).amax()
 
     def ok(g):
         g = g.detach()
-        if whole is not None:
-            return g.isfinite().all() & (g.abs().amax().float() > SUSPECT * whole)
         return g.isfinite().all() & g.ne(0).any() if nonzero else g.isfinite().all()
 
     return {n for n, yes in zip(got, read_back([ok(params[n].grad) for n in got])) if yes}
