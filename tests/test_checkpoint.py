@@ -878,6 +878,28 @@ def test_two_parts_that_fit_alike_are_not_guessed_between(spec, tmp_path, cli):
                                         "(4 tensors), prefix 'model.' stripped"], ctx.header
 
 
+def test_a_model_holding_an_ema_model_of_its_own_is_not_guessed_for(tmp_path, cli):
+    """A review: where the model itself has an `ema_model` submodule, the file's `ema_model.body.weight` (the EMA copy)
+    silently overwrote the stripped `model.ema_model.body.weight`, and strict loading passed with the wrong values."""
+    (tmp_path / "twice.py").write_text(
+        "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.body = nn.Linear(4, 2)\n        self.ema_model = nn.Module()\n"
+        "        self.ema_model.body = nn.Linear(4, 2)\n    def forward(self, x):\n"
+        "        return self.body(x) + self.ema_model.body(x)\ndef build():\n    return M()\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import twice
+        state = twice.build().state_dict()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("twice", None)
+    path = tmp_path / "both.ckpt"
+    torch.save({"state_dict": {**{"model." + k: v for k, v in state.items()},
+                               **{"ema_model." + k: v + 1 for k, v in state.items()}}}, path)
+    r = cli("summary", f"{tmp_path / 'twice.py'}:build", "-i", "2x4", "--checkpoint", path)
+    assert r.code == 2 and "which part is meant is not known" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("dtype", [torch.uint32, torch.complex64])
 def test_meta_reads_every_safetensors_dtype_torch_has(spec, tmp_path, cli, dtype):
     """A sweep: --device meta called U16/U32/U64/C64/F8_E8M0 entries "not understood", the file "may be damaged";

@@ -350,7 +350,7 @@ def _weights_only(path: str, where: dict):
     except Exception as exc:  # not a torch file, truncated, ...
         why = _unreadable(path, exc)
         raise UsageError(f"cannot read {path}: {why}", hint=(
-            f"convert it once in Python: torch.save({{k: torch.from_numpy(v) for k, v in numpy.load('{path}').items()}}"
+            f"convert it once in Python: torch.save({{k: torch.from_numpy(v) for k, v in numpy.load({path!r}).items()}}"
             ", 'weights.pt') and pass --checkpoint weights.pt" if NPZ in why else
             "torchdiag reads files written by torch.save (or a Lightning .ckpt)")) from exc
 
@@ -720,8 +720,10 @@ def _best_fit(state: dict, tried: dict[str, dict], model_keys: set[str], path: s
     for p in (p for p, h in hits.items() if h == top):   # in order: the first of those alike is the one said
         fits.setdefault(frozenset((k, id(v)) for k, v in tried[p].items() if k in model_keys), p)
     usual = [p for p in fits.values() if p in STRIP_PREFIXES or p[:len(p) // 2] in STRIP_PREFIXES]
-    if len(fits) > 1 and len(usual) == 1:   # a wrapper's own name (Lightning's `model.` beside its `ema_model.`)
-        return _beside(tried[usual[0]], [p for p in fits.values() if p != usual[0]], model_keys), usual[0]
+    kept = (_beside(state, usual[0], [p for p in fits.values() if p != usual[0]])
+            if len(fits) > 1 and len(usual) == 1 and how == "stripped" else None)
+    if kept is not None:   # a wrapper's own name (Lightning's `model.` beside its `ema_model.`)
+        return kept, usual[0]
     if len(fits) > 1:
         a, b = list(fits.values())[:2]
         if how == "stripped":
@@ -737,10 +739,16 @@ def _best_fit(state: dict, tried: dict[str, dict], model_keys: set[str], path: s
     return tried[best], best
 
 
-def _beside(state: dict, others: list[str], model_keys: set[str]) -> Unwrapped:
-    """The wrapper's copy, the other copies' keys left out and said (a sweep: Lightning's `model.` beside its
-    `ema_model.` loaded, then failed strict loading on the EMA's keys as unexpected)."""
-    kept = Unwrapped((k, v) for k, v in state.items() if k in model_keys or not k.startswith(tuple(others)))
+def _beside(state: dict, prefix: str, others: list[str]) -> Unwrapped | None:
+    """The wrapper's copy (`prefix` stripped), the other copies' keys left out and said (a sweep: Lightning's `model.`
+    beside its `ema_model.` loaded, then failed strict loading on the EMA's keys as unexpected). None where a stripped
+    key is also a key of the file as it is (a model holding an `ema_model` of its own: `model.ema_model.x` beside the
+    EMA's `ema_model.x`, a review): which one is meant is not known."""
+    ours = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    rest = {k: v for k, v in state.items() if not k.startswith(prefix) and not k.startswith(tuple(others))}
+    if ours.keys() & rest.keys() or any(k.startswith(tuple(others)) for k in ours):
+        return None
+    kept = Unwrapped({**ours, **rest})
     names = " and ".join(f"'{p}'" for p in others)
     kept.entry = f"the file's other copy under {names} left out ({len(state) - len(kept)} tensors)"
     return kept

@@ -362,7 +362,9 @@ def _timm_folder(arch: str, config_file: str) -> UsageError:
     folder = os.path.dirname(config_file)
     weights = next((os.path.join(folder, n) for n in ("model.safetensors", "pytorch_model.bin")
                     if os.path.isfile(os.path.join(folder, n))), None)
-    ckpt = f" --checkpoint {weights}" if weights else ""
+    import shlex
+
+    ckpt = f" --checkpoint {shlex.quote(weights)}" if weights else ""   # (a folder with a space: a review)
     return UsageError(f"{config_file} is a timm model's (architecture {arch}), not a transformers one",
                       hint=f"build it with timm: give timm:{arch}{ckpt} in its place")
 
