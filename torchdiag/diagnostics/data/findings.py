@@ -121,11 +121,12 @@ def _overlap(r, st) -> None:
     hint = ("split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side; "
             "where the inputs are draws from a small discrete space, some overlap is chance (docs/data.md)")
     read_all = t is not None and not any(f.role == "other" for sc in (t, v) for f in sc.fields.values())
-    if read_all and (size := space(t)):
+    # every validation input a training one too: else an unseen input exists (a review: half of validation outside)
+    if read_all and v.overlap == v.samples and (size := space(t)):
         r.add("train-val-overlap", "info", f"val:{'+'.join(v.roles.inputs)}",
               f"{said}, by design: {_enumerated(t, size, 'training ')}, so a validation input within it is a "
-              "training input, whatever the split: the validation score measures the fit to that space, and no "
-              "unseen input exists to generalise to")
+              "training input, whatever the split, and every one of them is: the validation score measures the fit "
+              "to that space, and no unseen input exists to generalise to")
         return
     within = share <= 0.5 / math.sqrt(n) and all(k <= 0.5 * math.sqrt(m) for m, k in v.by_label.values())
     if within and _whole(v) and t is not None and _whole(t):

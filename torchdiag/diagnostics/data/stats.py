@@ -3,6 +3,7 @@ fixed-size reservoirs), whatever the data set's size."""
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,6 +360,7 @@ class Hashes:
 
 SPACE_COLUMNS = 256    # input columns of a sample, at most, whose values Space keeps (a wider one: not read)
 SPACE_VALUES = 1024    # distinct values a column may take before the inputs are no small discrete space
+SPACE_MAX = 2.0 ** 32  # inputs a space may hold: beyond, no data set read here has every one
 
 
 class Space:
@@ -402,6 +404,18 @@ class Space:
         powers = np.power(np.uint64(self.MUL), np.arange(n, 0, -1, dtype=np.uint64) - np.uint64(1))
         with np.errstate(over="ignore"):
             self.sig = self.sig * np.power(np.uint64(self.MUL), np.uint64(n)) + (bits * powers[:, None]).sum(0)
+        # columns that differ now differ for good, and value counts only grow: past SPACE_MAX no data set read here
+        # enumerates the space (a review: 200 columns of 10 values kept every batch, `data` 2.4x slower)
+        if self._least() > SPACE_MAX:
+            self.gone = True
+
+    def _least(self) -> float:
+        """The product of the value counts over the columns that differ so far: what the space holds at least."""
+        first: dict[int, int] = {}
+        for j, sig in enumerate(self.sig.tolist()):
+            if len(self.values[j]) > 1:
+                first.setdefault(sig, j)
+        return math.prod(float(len(self.values[j])) for j in first.values())
 
     def size(self, distinct: int, samples: int) -> int | None:
         """The space's size where the `distinct` samples (of `samples`) are every combination of the distinct
