@@ -28,6 +28,8 @@ def _error_line(res):
     (["summary", sample("broken_factory.py:raises")], 3, "ValueError: config key 'depth' missing"),
     (["summary", sample("bad_import.py:build")], 3, "importing"),
     (["summary", sample("mlp.py:build"), "-i", "16xabc"], 2, "bad input shape"),
+    # a sweep: a diffusers UNet's encoder_hidden_states, "bad input shape 'x=2x4'"
+    (["summary", sample("mlp.py:build"), "-i", "encoder_hidden_states=2x8x32"], 2, "-i gives positional inputs only"),
     (["summary", sample("mlp.py:build"), "-i", "16x0"], 2, "every dimension"),
     (["summary", sample("mlp.py:build"), "-i", "16x784:float99"], 2, "unknown dtype 'float99'"),
     (["summary", sample("mlp.py:build"), "-i", "16x784:int64[5,1)"], 2, "empty value range"),

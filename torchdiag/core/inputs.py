@@ -44,6 +44,10 @@ class InputSpec:
 
 def parse_input_spec(text: str) -> InputSpec:
     m = _SPEC.match(text.strip().lower())
+    if "=" in text:   # (a sweep: a diffusers UNet's encoder_hidden_states, "bad input shape 'x=2x4'")
+        raise UsageError(f"keyword input '{text}': -i gives positional inputs only (SHAPE[:DTYPE])",
+                         hint="give keyword inputs with an example_inputs() function in the model's module that "
+                              "returns a dict, or a real batch with --batch FILE.py:fn")
     if not m:
         raise UsageError(f"bad input '{text}'", hint="write SHAPE[:DTYPE], e.g. 8x3x32x32 or 2x128:int64[0,30000)")
     dims = m.group("shape").split("x")
