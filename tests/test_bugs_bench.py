@@ -140,3 +140,7 @@ def test_data_reads_the_script_s_own_loader():
     assert targets.dtype == torch.int64 and int(targets.abs().max()) == 0   # every class index 0, as the loss reads it
     assert torch.cat([y for _, y in val]).unique().numel() == 10           # the validation labels are untouched
     assert not dataspec.has_val(str(ROOT / "bench" / "bugs" / "so_31556268" / "buggy.py"))
+    # a copy of the training arrays passed as validation (so_52800582's quartic(): the post fits the same points) is
+    # no split either; a real held-out set of the same size stays one
+    assert not dataspec.has_val(str(ROOT / "bench" / "bugs" / "so_52800582" / "correct.py"))
+    assert dataspec._held_apart({"x": [[1.0], [2.0]], "y": [0, 1], "x_val": [[1.0], [3.0]], "y_val": [0, 1]})
