@@ -359,11 +359,11 @@ def _hf_paths(path: str) -> tuple[str, str]:
 def _timm_folder(arch: str, config_file: str) -> UsageError:
     """A timm model's Hub folder (timm's save_for_hf: `architecture`, no `model_type`) given as hf: (a sweep: told
     to add a transformers model_type): the timm: spec that builds it, with its weights file."""
+    import shlex
+
     folder = os.path.dirname(config_file)
     weights = next((os.path.join(folder, n) for n in ("model.safetensors", "pytorch_model.bin")
                     if os.path.isfile(os.path.join(folder, n))), None)
-    import shlex
-
     ckpt = f" --checkpoint {shlex.quote(weights)}" if weights else ""   # (a folder with a space: a review)
     return UsageError(f"{config_file} is a timm model's (architecture {arch}), not a transformers one",
                       hint=f"build it with timm: give timm:{arch}{ckpt} in its place")

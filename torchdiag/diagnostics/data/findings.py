@@ -53,7 +53,8 @@ def add_all(r, st) -> None:
             # fields were left unread (the samples may differ there: x_cat's 25 combinations beside x_num)
             of = s if space(s) else st.scans.get("train") if split == "val" and s.overlap == s.samples else None
             unread = [f.name for f in s.fields.values() if f.role == "other"]
-            if not copies and not unread and of is not None and (size := space(of)):
+            size = space(of) if of is not None and not copies and not unread else None
+            if size:
                 r.add("duplicate-samples", "info", f"{split}:{'+'.join(s.roles.inputs)}",
                       f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample "
                       f"{a}), by design: {_enumerated(of, size, '' if of is s else 'training ')}, so repeats are the "

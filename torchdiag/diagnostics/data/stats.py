@@ -409,27 +409,24 @@ class Space:
         if self._least() > SPACE_MAX:
             self.gone = True
 
+    def _counts(self) -> list[int]:
+        """The value counts of the columns that vary, each column that copies another (so far) counted once."""
+        first: dict[int, int] = {}
+        for sig, vals in zip(self.sig.tolist(), self.values):
+            if len(vals) > 1:
+                first.setdefault(sig, len(vals))
+        return list(first.values())
+
     def _least(self) -> float:
         """The product of the value counts over the columns that differ so far: what the space holds at least."""
-        first: dict[int, int] = {}
-        for j, sig in enumerate(self.sig.tolist()):
-            if len(self.values[j]) > 1:
-                first.setdefault(sig, j)
-        return math.prod(float(len(self.values[j])) for j in first.values())
+        return math.prod(float(k) for k in self._counts())
 
     def size(self, distinct: int, samples: int) -> int | None:
         """The space's size where the `distinct` samples (of `samples`) are every combination of the distinct
         columns' values and each column takes at most √samples values; else None."""
         if self.gone or self.values is None or distinct < 2:
             return None
-        seen, size = set(), 1
-        for sig, vals in zip(self.sig.tolist(), self.values):
-            if sig in seen or len(vals) < 2:   # a copy of a column counted already, or a constant
-                continue
-            seen.add(sig)
-            if len(vals) ** 2 > samples:
-                return None
-            size *= len(vals)
-            if size > distinct:
-                return None
-        return size if size == distinct else None
+        counts = self._counts()
+        if any(k * k > samples for k in counts) or self._least() != distinct:
+            return None
+        return distinct
