@@ -269,11 +269,13 @@ def test_batchnorm_batch_one_fails_in_train_mode(cli):
     assert row(d, "device")["status"] == "ok"
 
 
-def test_batchnorm_batch_one_probe_warns_when_batch_is_larger(cli):
+def test_batchnorm_batch_one_probe_notes_when_batch_is_larger(cli):
+    """A batch of 1 that would raise is info: whether the loader makes one is not doctor's to see, and the failure is
+    loud (issue 32: a port's 750 samples in batches of 16 never make one, and doctor warned); `data --model` says."""
     r, d = doc(cli, "broken_doctor_batchnorm.py:build", "-i", "4x20")
     assert r.code == 0
     (f,) = found(d, "batchnorm-batch-1")
-    assert f["severity"] == "warning" and f["where"] == "bn"
+    assert f["severity"] == "info" and f["where"] == "bn" and "data --model" in f["message"]
     (m,) = found(d, "mode-dependent")
     assert m["severity"] == "info" and m["where"] == "bn" and "BatchNorm1d" in m["message"]
 

@@ -1,6 +1,7 @@
 """batchnorm-batch-1: BatchNorm computing batch statistics over one value per channel raises, or over one sample
 erases what the sample was (the output the same for any input). An error when the given batch does so in train mode;
-a warning when a batch of 1 would (the last batch of an epoch), found by probes. The fact is the failing module and
+a warning when a batch of 1 would erase silently, info when it would raise (loudly, and only if the loader makes
+one, which doctor does not see), found by probes. The fact is the failing module and
 what it received, or the outputs compared, never the error text.
 
 batchnorm-momentum: running statistics that keep mostly the last batch, or never move (core/bn_momentum.py)."""
@@ -97,9 +98,12 @@ def bn_batch1_probe(work, inputs, ck: Checklist, erased: tuple[float, float] | N
         call, module, args = failing_call(tracker, work)
         if one_value_per_channel(module, args):
             where = call.name
-            ck.find("batchnorm", "batchnorm-batch-1", "warning", name(where),
-                    f"with a batch of 1 (e.g. the last batch of an epoch) {name(where)} raises in train mode: "
-                    f"BatchNorm needs more than one value per channel",
+            # info: whether a batch of 1 ever comes is the loader's, which doctor does not see, and the failure is
+            # loud (a port's 750 samples in 16s never make one; `data --model` tells, as last-batch-of-one)
+            ck.find("batchnorm", "batchnorm-batch-1", "info", name(where),
+                    f"a batch of 1 (e.g. the last batch of an epoch) would raise in train mode in {name(where)}: "
+                    f"BatchNorm needs more than one value per channel; `torchdiag data --model` says whether your "
+                    f"loader makes one",
                     "DataLoader(drop_last=True) avoids a last batch of 1; or use GroupNorm/LayerNorm",
                     verdict=f"a batch of 1 fails in train mode in {name(where)} (batch {batch} works)")
             return
