@@ -3093,6 +3093,31 @@ def test_a_blip_below_the_runs_own_earlier_losses_is_no_spike():
     assert len(found) == 1 and "at step 2301 " in found[0].message
 
 
+@pytest.mark.parametrize("spike,after,noted", [(2.66, "back", True), (2.66, "held", False), (40.0, "back", False)])
+def test_a_spike_at_batch_size_1_counts_where_the_run_felt_it(spike, after, noted):
+    """Issue 32: a port at batch size 1 (so_31880720's correct version, acc 1.0) had one sample's 2.66 against a BCE
+    clipped at 1.19e-7 read as a 2.2e7x `loss-spike`, back at the floor the next step; the untrained model's samples
+    lost 0.69. At batch size 1 each loss is a sample's own: a note where the next w steps came back and the loss is
+    within 5x the start's; the warning where the run stayed up, or for a loss far beyond what the untrained model gave
+    (an outlier in the data), and at a larger or unknown batch."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    start = [0.69 * (1 + 0.05 * math.sin(i)) for i in range(100)]
+    fall = [0.69 * 0.9 ** i + 1.19e-7 for i in range(150)]
+    floor = [1.19e-7] * 500
+    rest = floor if after == "back" else [1e-3] * 100 + floor[100:]   # 8400x the floor, 100 steps
+    values = start + fall + floor + [spike] + rest
+    for batch in (None, 1):
+        r = Result("watch")
+        report._loss_curve(r, list(enumerate(values, 1)), {}, Options(), batch=batch)
+        spikes = [f for f in r.findings if f.code == "loss-spike"]
+        if batch == 1 and noted:
+            assert not spikes and any("at step 751" in n and "a sample's own loss" in n for n in r.notes), r.notes
+        else:
+            assert len(spikes) == 1 and "at step 751 " in spikes[0].message, [f.message for f in r.findings]
+
+
 @pytest.mark.parametrize("lr", [0.05, 2.0])
 def test_update_ratio_against_the_exact_update(lr):
     """Plain SGD updates by lr·grad: the ratio of a layer of ≤ 256 elements (sampled whole) is exactly

@@ -1550,6 +1550,19 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
                for k in range(max(at, lw), min(len(values), at + w)))
 
 
+def _one_sample_back(values, i: int, w: int, base: float, initial: float, spike: float, batch: int | None) -> bool:
+    """A run whose every batch is SMALL_BATCH samples or fewer: each step's loss is a sample's own. One the run did not
+    feel (the median of the w steps after it, w of them read, back under spike × base, as grad-norm-explosion asks)
+    and within spike × what the untrained model's samples lost (`initial`) is a misfit sample, not the run's (a port
+    at batch 1 with a BCE clipped at 1e-7: 2.66 read 2.2e7× the floor, against 0.69 at the start; acc 1.0). One far
+    beyond what even the untrained model lost stays a spike: an outlier the data holds (a sample 300 off, 9e4)."""
+    from .engine import SMALL_BATCH
+
+    after = values[i + 1:i + 1 + w]
+    return (batch is not None and batch <= SMALL_BATCH and len(after) == w and values[i] <= spike * initial
+            and statistics.median(after) <= spike * base)
+
+
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
                 unscaled: str = "", growth: float | None = None, raw_growth: float | None = None,
                 small: dict | None = None, batch: int | None = None, classes: int = 0,
@@ -1572,6 +1585,13 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"the loss {values[i]:.4g} at step {pairs[i][0]} ({values[i] / base:.1f}× its running median) came "
                     f"from a batch of {small[pairs[i][0]]} sample(s) where the others have {batch}: a few samples' "
                     "loss, not judged as a spike of the run")
+                continue
+            if _one_sample_back(values, i, w, base, initial, opts.spike, batch):
+                result.notes.append(
+                    f"the loss {values[i]:.4g} at step {pairs[i][0]} ({values[i] / base:.1f}× its running median) came "
+                    f"from a batch of {batch} sample{'s' if batch > 1 else ''}, as every step of this run, and the next steps came back to "
+                    f"{statistics.median(values[i + 1:i + 1 + w]):.4g} (median): a sample's own loss, not judged as a "
+                    "spike of the run")
                 continue
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
