@@ -1589,7 +1589,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
             if _one_sample_back(values, i, w, base, initial, opts.spike, batch):
                 result.notes.append(
                     f"the loss {values[i]:.4g} at step {pairs[i][0]} ({values[i] / base:.1f}× its running median) came "
-                    f"from a batch of {batch} sample{'s' if batch > 1 else ''}, as every step of this run, and the next steps came back to "
+                    f"from a batch of {batch} sample{'s' if (batch or 0) > 1 else ''}, as every step of this run, and the next steps came back to "
                     f"{statistics.median(values[i + 1:i + 1 + w]):.4g} (median): a sample's own loss, not judged as a "
                     "spike of the run")
                 continue
