@@ -5611,6 +5611,32 @@ def _one_sample_spike(opt_name: str, autograd: bool = False, scale: float = 1000
     return w.result()
 
 
+@pytest.mark.parametrize("at", ["last", "earlier"])
+def test_a_gradient_spike_at_the_last_step_is_a_note(at):
+    """A sweep: a healthy digits run with BatchNorm and drop_last=False had every epoch's last batch of 3 give a norm
+    spike (7.5, 18.6, 21.5 ... against ~0.8, the loss and norms back the next steps: none said), and the run's very last
+    step, 38.6, a `grad-norm-explosion` warning: with no step after it, the run was taken to have felt it. Now a note;
+    the same spike earlier, followed by norms that stay up, is still the warning."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    norms = [0.8 + 0.05 * math.sin(i) for i in range(300)]
+    losses = [0.5 + 0.02 * math.cos(i) for i in range(300)]
+    if at == "last":
+        norms[-1] = 38.6
+    else:
+        norms[200:] = [38.6] * 100   # the norms stay up: felt
+    steps = list(range(1, 301))
+    r = Result("watch")
+    r.series.update(step=steps, loss=losses)
+    report._grad_norm_explosion(r, steps, norms, list(zip(steps, losses)), Options())
+    found = [f for f in r.findings if f.code == "grad-norm-explosion"]
+    if at == "last":
+        assert not found and any("at step 300, the last step" in n for n in r.notes), r.notes
+    else:
+        assert len(found) == 1 and "at step 201 " in found[0].message
+
+
 def test_a_harmless_per_sample_gradient_spike_is_not_an_explosion():
     # Adam bounds the step whatever the gradient: the loss never leaves its spread
     r = _one_sample_spike("adam")

@@ -1501,8 +1501,15 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
     for i in range(w, len(norms)):
         base = statistics.median(values[i - w:i])
         peak = max(values[max(0, i - SPREAD_STEPS * w):i])
-        if (base > 0 and values[i] > opts.explode * base and values[i] >= peak and _outside_spread(values, i, w)
-                and _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode))):
+        if not (base > 0 and values[i] > opts.explode * base and values[i] >= peak and _outside_spread(values, i, w)):
+            continue
+        if i == len(norms) - 1 and not _nonfinite_from(result, norms[i][0]):   # the run's last read step: no update after it to show whether the run felt it (a
+            result.notes.append(   # sweep: an epoch's last batch of 3 through BatchNorm, 38.6, said only at the end)
+                f"the gradient norm {values[i]:.3g} at step {norms[i][0]}, the last step, is {values[i] / base:.3g}× its "
+                "running median: no step after it shows whether the run felt it, so it is not judged an explosion "
+                "(the same spike earlier in a run, with the loss and the norms back the next steps, is none)")
+            return
+        if _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode)):
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
                        f"is {values[i] / base:.3g}× its running median ({base:.3g}), far outside its spread over the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any of them (the highest: {peak:.3g}){of}",
@@ -1515,8 +1522,7 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
 def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: int, factor: float) -> bool:
     """Did the run feel the spike at norms[i] (at `step`)? Any of:
     - the norms stay high: the median of the next w is above `factor` (√explode) x the running median and within
-      `factor` of the spike itself (after a harmless spike they fall back: so_31880720, 34 -> 0.06), or the run
-      ends there;
+      `factor` of the spike itself (after a harmless spike they fall back: so_31880720, 34 -> 0.06);
     - the loss goes non-finite at or after it;
     - the loss leaves its own spread within a window after that step, by a tenth of where it started at least.
       The loss of the spike's own step is its cause, not what the update did (a hard sample at batch size 2: a high
@@ -1525,11 +1531,11 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
       outside the spread a median of 3 has (a corrupted batch: 0.06, 65, then 0.83, 1.83, 2.94, each inside a noisy
       run's spread on its own: a second review).
     With no loss seen at all (backward not through Tensor.backward) the norms alone decide."""
-    after = norms[i + 1:i + 1 + w]
+    after = norms[i + 1:i + 1 + w]   # not empty: the last step is the caller's note
     base = statistics.median(norms[i - w:i])
-    if not after or statistics.median(after) > max(factor * base, norms[i] / factor):
+    if statistics.median(after) > max(factor * base, norms[i] / factor):
         return True
-    if any(v is not None and not math.isfinite(v) for s, v in zip(result.series["step"], result.series["loss"]) if s >= step):
+    if _nonfinite_from(result, step):
         return True
     values = [v for _, v in loss_pairs]
     if not values:
@@ -1548,6 +1554,12 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
     return any(_outside_spread(values, k, lw) and values[k] > statistics.median(values[k - lw:k])
                and values[k] - statistics.median(values[k - lw:k]) > scale
                for k in range(max(at, lw), min(len(values), at + w)))
+
+
+def _nonfinite_from(result: Result, step: int) -> bool:
+    """The loss went non-finite at `step` or after it."""
+    return any(v is not None and not math.isfinite(v) for s, v in zip(result.series["step"], result.series["loss"])
+               if s >= step)
 
 
 def _one_sample_back(values, i: int, w: int, base: float, initial: float, spike: float, batch: int | None) -> bool:
