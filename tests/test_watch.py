@@ -9205,6 +9205,18 @@ def test_a_plateau_at_chance_says_the_labels_may_not_match_the_inputs(labels):
     assert f.severity == "info" and chance == (labels == "shuffled"), f.hint
 
 
+@pytest.mark.parametrize("end, says", [(2.86, "above chance"), (2.30, "at chance"), (0.9, "converged")])
+def test_a_plateau_above_chance_is_not_called_converged(end, says):
+    """A sweep: data sorted by label and not shuffled held a 10-class loss at 2.86 (ln 10 = 2.30: worse than knowing
+    nothing of the inputs) and the plateau's hint said "converged, or the learning rate is too small"."""
+    from torchdiag.diagnostics.watch import report
+
+    hint = report._plateau_hint(None, end, 2.31, classes=10)
+    assert ("not converged" in hint and "sorted by label" in hint) == (says == "above chance"), hint
+    assert hint.startswith({"above chance": "it sits above chance: ln 10 = 2.303", "at chance": "it sits at chance",
+                            "converged": "converged"}[says]), hint
+
+
 @pytest.mark.parametrize("lr, zero_head", [(1e-7, False), (1e-3, False), (1e-7, True)])
 def test_a_plateau_at_chance_whose_weights_barely_moved_is_a_rate_too_small(lr, zero_head):
     """A sweep: Adam at lr 1e-7 on digits (updates 6e-7 of the weights a step, the loss at chance for 570 steps) passed

@@ -1712,6 +1712,18 @@ def _classes(engine, parts: list) -> int:
     return got[1] if got and one else 0
 
 
+def _above_chance(classes: int, level: float) -> str:
+    """A mean cross-entropy over C classes above CHANCE × ln C: worse than a classifier that knows nothing of its
+    inputs, so not converged (a sweep: data sorted by label and not shuffled sat at 2.86 against ln 10 = 2.30 and was
+    told "converged, or the learning rate is too small")."""
+    if classes < 2 or level <= CHANCE[1] * math.log(classes):
+        return ""
+    return (f"it sits above chance: ln {classes} = {math.log(classes):.4g} is the cross-entropy of a classifier that "
+            "knows nothing of its inputs, and this one does worse, so it has not converged: batches of one class at a "
+            "time (data sorted by label and not shuffled), targets that change over the run, or a learning rate too "
+            "high; ")
+
+
 def _at_chance(classes: int, level: float) -> str:
     """Where the run's loss is a mean cross-entropy over C classes (read from its graph) that sits within CHANCE of
     ln C: what a classifier scores that knows only how often each class occurs (ln C for balanced classes). A sweep:
@@ -1781,7 +1793,7 @@ def _plateau_hint(growth: float | None, end: float, first: float, classes: int =
         return ("it rose again over the second half, so it has not converged: updates too large to settle at a minimum "
                 "(a learning rate too high: lower it or decay it), or an objective that changes over the run (an "
                 "annealed term, a curriculum)")
-    chance = _at_chance(classes, end).rstrip("; ")
+    chance = (_at_chance(classes, end) or _above_chance(classes, end)).rstrip("; ")
     if not chance and floored is not None and floored >= GREW:
         return (f"converged, or held up by a learning rate too high: the weights' norm grew {floored:.3g}× over the "
                 "run (beyond a standard initialisation's scale); try it 10× lower and compare")
