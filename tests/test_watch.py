@@ -9524,3 +9524,28 @@ def test_steps_gradscaler_skipped_do_not_read_as_gradients_cleared():
     r = w.result()
     assert w.engine.scaler_calls == 30 and w.engine.scaler_applied < 25
     assert "grad-cleared-before-step" not in codes(r), [f.message for f in r.findings]
+
+
+def test_a_bfloat16_weight_that_never_changes_is_told_in_its_own_rounding():
+    """A sweep: a pure-bfloat16 model at a small rate had `never-changes` hinted with float32's ~1e-7, where bfloat16
+    rounds away any step under ~4e-3 of the value. The premise in plain torch: the same step leaves the bfloat16
+    weight as it was and moves a float32 copy."""
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 8), (torch.randn(256) > 0).long()
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(torch.bfloat16)
+    w0 = m[0].weight.detach().clone()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-6)
+    with torchdiag.watch(m, opt, every=10) as w:
+        for i in range(60):
+            batch = slice(i % 8 * 32, (i % 8 + 1) * 32)
+            loss = F.cross_entropy(m(x[batch].to(torch.bfloat16)), y[batch])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert torch.equal(m[0].weight, w0)   # bfloat16 rounded every step away
+    f = [f for f in w.result().findings if f.code == "never-changes" and f.where == "0.weight"]
+    assert f and "bfloat16 value (below ~4e-03" in f[0].hint and "float32 master weights" in f[0].hint, f

@@ -456,8 +456,7 @@ def _wiring(result: Result, engine) -> None:
                     f", weight norm {norm:.2g})" if norm is not None else ")")
                 result.add("never-changes", "warning", t.names[i], f"{t.names[i]} got non-zero gradients but its value "
                            f"never changed over {_its_steps(t, engine)}{scale}", "a zero learning rate for its group, "
-                           "gradients zeroed between backward and step(), or steps too small to change a float32 value "
-                           "(below ~1e-7 of it: a fine-tune of a converged model at a small learning rate)")
+                           "gradients zeroed between backward and step(), or " + _rounded_away(p))
         for sev, rows in never.items():
             names = [r.rsplit(" (", 1)[0] for r in rows]
             result.add("never-gets-grad", sev, names[0] if len(names) == 1 else common_path(names),
@@ -1710,6 +1709,29 @@ def _classes(engine, parts: list) -> int:
     got = engine.checks.get("loss_classes")
     one = len(parts) == 1 and sum(not t.retired for t in engine.tracks.values()) == 1
     return got[1] if got and one else 0
+
+
+def _rounded_away(p) -> str:
+    """What steps too small to change a value of `p`'s dtype are (a sweep: a pure-bfloat16 model's hint said float32's
+    1e-7, where bfloat16 rounds away any step under ~4e-3 of the value and 95% of every weight never moved)."""
+    import torch
+
+    dtype = getattr(p, "dtype", torch.float32)
+    if not dtype.is_floating_point or dtype in (torch.float32, torch.float64):
+        return (f"steps too small to change a {_dtype_name(dtype)} value (below ~{_half_ulp(dtype):.0e} of it: a "
+                "fine-tune of a converged model at a small learning rate)")
+    return (f"steps too small to change a {_dtype_name(dtype)} value (below ~{_half_ulp(dtype):.0e} of it: its "
+            "rounding step); keep float32 master weights (torch.autocast, or Lightning's bf16-mixed) and train those")
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "") if dtype.is_floating_point else "float32"
+
+
+def _half_ulp(dtype) -> float:
+    import torch
+
+    return torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps / 2
 
 
 def _above_chance(classes: int, level: float) -> str:
