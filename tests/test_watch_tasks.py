@@ -191,3 +191,39 @@ def test_blocks_skipped_at_random_in_one_task_are_no_tasks():
     r = watch.result()
     assert len(watch.engine.reach_sets) >= 2 and not any("sets of parameters" in n for n in r.notes), r.notes
     assert [f.code for f in r.findings if f.severity != "info"] == []
+
+
+def _curriculum(joined: str, steps: int = 300):
+    """A classifier trained alone, then from step 101 a regression head's MSE (targets of scale ~30, ~1e3 against a
+    cross-entropy of ~0.3) added to the loss (`joined="term"`); or the same jump at step 101 with no head joining
+    (`"none"`: targets x30 from then on, the classifier's loss alone, a corrupted stream: the curve's own affair)."""
+    torch.manual_seed(0)
+    model = _Tasks({"cls": 2, "reg": 1})
+    opt = torch.optim.Adam(model.parameters(), 3e-3)
+    w = torch.randn(16, 1) * 10
+    with Watch(model, opt, every=50, replay=False) as watch:   # given: its forward is not called whole
+        for step in range(1, steps + 1):
+            x = torch.randn(32, 16)
+            h = model.body(x)
+            loss = F.cross_entropy(model.heads["cls"](h), (x[:, 0] > 0).long())
+            if step > 100 and joined == "term":
+                loss = loss + F.mse_loss(model.heads["reg"](h), x @ w)
+            elif step > 100:
+                loss = loss * 1e3
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return watch.result()
+
+
+def test_a_term_that_joins_the_loss_is_a_phase_not_a_divergence():
+    """A sweep: an MSE head switched on at step 101 (a curriculum, a loss term's warm-up) made the loss jump 0.6 ->
+    3561 and fall from there (958 -> 270), read as `loss-diverged` (an error), `loss-spike` and `grad-norm-explosion`.
+    The step's gradient first reached heads.reg there, the loss left its range, and the new term fell: two phases,
+    each judged apart. The same jump with nothing joining is still judged on one curve."""
+    r = _curriculum("term")
+    assert not _codes(r, "loss-diverged", "loss-spike", "grad-norm-explosion"), r.findings
+    assert any("at step 101 the gradients first reached heads.reg.bias, heads.reg.weight" in n for n in r.notes), r.notes
+    r = _curriculum("none")
+    assert not any("joined the loss" in n for n in r.notes)
+    assert _codes(r, "loss-diverged", "loss-spike"), [(f.code, f.message) for f in r.findings]

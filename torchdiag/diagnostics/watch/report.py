@@ -57,6 +57,7 @@ IDLE_READS = 1         # optimizer-idle: whole read intervals after its last ste
 REACH_TURNS = 4        # changes between sets of parameters steps' gradients reached: tasks taken in turns, not phases
 REACH_MIN = 10         # ... between sets of this many steps at least (a rarer set's steps join the nearest group)
 REACH_LEVELS = 2.0     # ... whose losses' medians differ by this factor at least (_reach_groups)
+PHASE_HELD = 0.95      # a term that joined the loss: the share of the steps after it whose gradient reached it (_phases)
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 SANE_RATIO = 1e-3      # about what a healthy step moves a weight matrix by, as a share of its norm
 RATE_FELL = 100.0      # the learning rate fell this many times: what made the updates small, whatever the gradient
@@ -1217,7 +1218,8 @@ def _curves(result: Result, engine) -> None:
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
     parts = [(sub, of + more + (" (judged on −loss: the optimizer maximizes the loss, maximize=True)" if climbs
                                  else "")) for picked, of in _objectives(engine, steps, losses)
-             for sub, more in _reach_groups(result, engine, picked) or [(picked, "")]]
+             for sub, more in _reach_groups(result, engine, picked) or _phases(result, engine, picked)
+             or [(picked, "")]]
     for picked, of in parts:
         at = [steps[i] for i in picked]
         part = _finite_pairs(at, [losses[i] for i in picked])
@@ -1432,6 +1434,57 @@ def _reach_groups(result: Result, engine, picked: list[int]) -> list[tuple[list[
     return [(sorted(idx), f" (judged on the {len(idx)} steps whose gradient "
                           f"{_reach_words(own[g], held[g], others[g])}"
                           f": {len(levels)} tasks taken in turns)") for g, idx in enumerate(groups)]
+
+
+def _phases(result: Result, engine, picked: list[int]) -> list[tuple[list[int], str]] | None:
+    """The steps of one objective split where a term joined its loss: the first step whose gradient reached parameters
+    no step before it had, each step after it reaching them too (the share PHASE_HELD), with REACH_MIN steps on each
+    side, and its loss above the range of the REACH_MIN losses before it. A sweep: a regression head's MSE (~1e3)
+    switched on at step 101 beside a cross-entropy of 0.3 was `loss-diverged` (an error), `loss-spike` and
+    `grad-norm-explosion`, the loss falling from there on. Layers unfrozen reach new parameters too, but the loss goes
+    on within its range (one curve, as before); a gate opened at the first steps has too few steps before it."""
+    reach, sets, losses = engine.reach, engine.reach_sets, result.series["loss"]
+    if len(reach) != len(result.series["step"]) or any(reach[i] is None for i in picked):
+        return None
+    cuts: list[tuple[int, frozenset, float, float]] = []
+    seen: frozenset = frozenset()
+    for n, i in enumerate(picked):
+        new = sets[reach[i]] - seen
+        seen |= sets[reach[i]]
+        if not new or n < REACH_MIN or len(picked) - n < REACH_MIN or (cuts and n - cuts[-1][0] < REACH_MIN):
+            continue
+        held = sum(new <= sets[reach[j]] for j in picked[n:]) >= PHASE_HELD * (len(picked) - n)
+        before = [losses[j] for j in picked[n - REACH_MIN:n]]
+        v = losses[i]
+        if held and _finite(before + [v]) and v > max(before) and _fell_after(losses, picked[n:]):
+            cuts.append((n, new, v, max(before)))
+    if not cuts:
+        return None
+    steps = result.series["step"]
+    bounds = [0] + [n for n, *_ in cuts] + [len(picked)]
+    for n, new, v, top in cuts:
+        result.notes.append(f"at step {steps[picked[n]]} the gradients first reached {_names_of(new)} and the loss "
+                            f"left its range ({v:.4g} after at most {top:.4g} over the {REACH_MIN} steps before): a "
+                            "term joined the loss (a head or a loss switched on), so the curve is judged per phase")
+    return [(picked[a:b], f" (judged on the {b - a} steps {steps[picked[a]]}–{steps[picked[b - 1]]} apart: a term "
+                          f"joined the loss at step {steps[picked[cuts[0][0]]]})") for a, b in zip(bounds, bounds[1:])]
+
+
+def _finite(values: list) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
+def _fell_after(losses: list, idx: list[int]) -> bool:
+    """The loss from a joined term on fell: its last REACH_MIN steps' median below its first's (a term being trained;
+    a blow-up that stays up, its dead units revived into new gradients, is no phase: the curve keeps judging it)."""
+    first = [losses[j] for j in idx[:REACH_MIN]]
+    last = [losses[j] for j in idx[-REACH_MIN:]]
+    return _finite(first + last) and statistics.median(last) < statistics.median(first)
+
+
+def _names_of(names: frozenset) -> str:
+    ns = sorted(names)
+    return ", ".join(ns[:2]) + (f" and {len(ns) - 2} more" if len(ns) > 2 else "")
 
 
 def _by_level(major: dict, values: list) -> list[list[int]]:
