@@ -2014,3 +2014,51 @@ def test_vanishing_gradients_at_a_batch_of_one_through_batchnorm_name_the_batch(
     assert vanishing and all(f.hint.startswith("the batch is 1: BatchNorm in train mode") for f in vanishing)
     x = torch.randn(4, 3, 8, 8)
     assert not [f for f in api_run("gradflow", model, x).findings if f.code == "vanishing-grad"]   # the premise
+
+
+_PE_AUDIO = {"architectures": ["PeAudioEncoder"], "model_type": "pe_audio_encoder", "hidden_size": 32, "head_dim": 8,
+             "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+             "max_position_embeddings": 128, "initializer_range": 0.02, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+             "dac_config": {"model_type": "dac", "hidden_size": 32, "encoder_hidden_size": 32, "decoder_hidden_size": 32,
+                            "codebook_dim": 128, "downsampling_ratios": [2, 8, 10, 12],
+                            "upsampling_ratios": [12, 10, 8, 2], "hop_length": 1920, "n_codebooks": 9}}
+
+
+def test_a_small_class_token_behind_a_pre_norm_is_no_explosion(cli, tmp_path):
+    """A zoo row (issue 26): transformers' PeAudio encoder draws its class token at 0.02/sqrt(hidden), 0.16x the
+    model's typical size, alone in front of a pre-norm; grad/weight ~450 was an exploding-grad error. Its gradient grows
+    as it shrinks: scaled alone to the typical size on a copy it falls at least sqrt(scale)-fold and grad/weight there
+    is within the threshold: `small-normalised`, info. The premise in plain torch: doubled, its gradient falls by
+    about half (a layer of default scale beside oversized ones keeps its gradient, and its error: next test)."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "PeAudioEncoder"):
+        pytest.skip("this transformers has no PeAudioEncoder")
+    (tmp_path / "config.json").write_text(json.dumps(_PE_AUDIO))
+    doc = cli("gradflow", f"hf:{tmp_path}", "--json").json
+    token = next(p for p in doc["params"] if p["name"] == "patch_embedder.class_embedding")
+    assert token["status"] == "small-normalised" and token["grad_weight_ratio"] > 100, token
+    assert "exploding-grad" not in {p["status"] for p in doc["params"]}, doc["findings"]
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in _PE_AUDIO.items() if k != "architectures"})
+    torch.manual_seed(0)
+    model, x = transformers.PeAudioEncoder(config), torch.randn(2, 1, 8000)
+    grads = []
+    for scale in (1.0, 2.0):
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            m.patch_embedder.class_embedding.mul_(scale)
+        m(input_values=x).pooler_output.square().mean().backward()
+        grads.append(m.patch_embedder.class_embedding.grad.norm().item())
+    assert grads[1] < 0.7 * grads[0], grads
+
+
+@pytest.mark.parametrize("lr", ["1e-3", "0.1"])
+def test_a_default_scale_head_beside_oversized_layers_stays_exploding_at_its_own_size(cli, lr):
+    """broken_exploding at gain 2.6: its head (RMS 0.07 against 0.32) is asked at the typical size too; its gradient
+    comes from the oversized activations and does not fall: the error stands, at the default rate and at 0.1 (where the
+    withdrawn small-weight rule let it pass)."""
+    doc = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=2.6", "--lr", lr, "--json").json
+    head = next(p for p in doc["params"] if p["name"] == "head.weight")
+    assert doc["exit_code"] == 1 and head["status"] == "exploding-grad", doc["findings"]
+    assert any("scaled alone to the model's typical size" in n for n in doc["notes"]), doc["notes"]

@@ -197,6 +197,9 @@ DESIGN_TITLES = {
                     "optimizer steps lower the loss",
     "small-term": "have a large grad/weight ratio only because their part in their module's output is small: read "
                   "there, the ratio is within --exploding-ratio",
+    "small-normalised": "have a large grad/weight ratio only because their weight is small behind what divides by its "
+                        "size: at the model's typical size their gradient falls and the ratio is within "
+                        "--exploding-ratio",
     "cancelled": "get small gradients, by design: something after their module takes back their change to its output",
     "loss-scale": "have large gradients because torchdiag's made-up MSE reads an output of a large scale: with that "
                   "output at unit scale they are within the thresholds",
@@ -297,6 +300,9 @@ def _why(kind, cause) -> str:
                           "module that holds it by so little that grad/weight times that relative move is within "
                           "--exploding-ratio: a small part of that output, such as a bias beside the values it is "
                           "added to",
+            "small-normalised": "each scaled alone to the model's typical per-element RMS (on a copy) has a gradient at "
+                                "least the square root of that scale smaller, and grad/weight there within "
+                                "--exploding-ratio: a gradient that grows as the weight shrinks",
             "cancelled": "each moved along its gradient (on a copy) changes its module's output by terms (dL/d output "
                          "× change) that are large and sum to under a thousandth of what random signs leave: the "
                          "loss reads what it changes and something after the module takes the change back (a "

@@ -35,6 +35,7 @@ TRANSIENT = "transient-grad"   # a large gradient of the starting point that a f
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
 LOSS_SCALE = "loss-scale"      # a large gradient the made-up loss's reading of the output's scale makes
 TERM = "small-term"            # a large grad/weight of a parameter that is a small part of its module's output
+GROWN = "small-normalised"     # a large grad/weight of a small weight whose gradient falls as it grows (grown.py)
 CLOSED = "closed-on-batch"     # a zero gradient of this batch alone: fresh inputs give one (after the short run)
 CANCELLED = "cancelled"        # a small gradient of a parameter whose move at its module's output the loss ignores
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
@@ -70,6 +71,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     typical = _typical_rms(rows)
     scaled = _loss_scale(model, inputs, flagged, opts, ctx, prepare, result)
     termed = _small_terms(model, inputs, flagged, opts, ctx, prepare, result)
+    grown = _grown(model, inputs, flagged, typical, opts, ctx, prepare, result)
     for r in flagged:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = v.steps
@@ -92,6 +94,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": why})
             elif step_claim(r, opts) and not _loss_rose(v) and (why := termed(r)) is not None:
                 r.update(status=TERM, allowed=False, design={"kind": TERM, "why": why})
+            elif step_claim(r, opts) and (why := grown(r)) is not None:
+                r.update(status=GROWN, allowed=False, design={"kind": GROWN, "why": why})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
         # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
@@ -342,6 +346,38 @@ def _small_terms(model, inputs, rows, opts, ctx, prepare, result):
                 f"acts the ratio is {ratio * got.reach:.3g}, within --exploding-ratio {opts.exploding_ratio:g}. The "
                 "parameter is a small part of that output (a bias small beside the values it is added to), not its "
                 "gradient large")
+
+    return why
+
+
+def _grown(model, inputs, rows, typical: float, opts, ctx, prepare, result):
+    """A function: why a grad/weight verdict left after the other re-checks is a small weight whose gradient falls as
+    it grows (grown.py), or None. Measured once, for all those small enough to ask, at the first asked."""
+    from .grown import SMALL, at_typical_size, passes
+
+    memo: list = []
+
+    def why(r) -> str | None:
+        if not memo:
+            sizes = {x["name"]: rms(x) or 0.0 for x in rows if step_claim(x, opts)}
+            asked = {n: typical / size for n, size in sizes.items() if size > 0 and typical / size >= SMALL}
+            try:
+                memo.append(at_typical_size(model, inputs, asked, ctx, prepare, opts.eval_mode) if asked else {})
+                if asked:
+                    result.notes.append(f"{len(asked)} small weight(s) with a large grad/weight ratio scaled alone to "
+                                        f"the model's typical size on a copy ({len(asked) + 1} forward/backward passes)")
+            except ModelError as exc:
+                result.notes.append(f"small weights not re-checked at the model's typical size: {exc.message}")
+                memo.append({})
+        g = memo[0].get(r["name"])
+        if g is None or not passes(g, opts.exploding_ratio):
+            return None
+        return (f"grad/weight {r['grad_weight_ratio']:.3g} with a weight of per-element RMS {typical / g.scale:.2g}, "
+                f"{1 / g.scale:.2g}x the model's typical {typical:.2g}: scaled alone to that size on a copy, its "
+                f"gradient fell {g.fell:.3g}x (at least the square root of the {g.scale:.3g}x scale) and grad/weight "
+                f"there is {g.ratio:.3g}, within --exploding-ratio {opts.exploding_ratio:g}. Its gradient is large "
+                "because the weight is small behind what divides by its size (a token alone in a pre-norm), not "
+                "because anything explodes")
 
     return why
 

@@ -20,12 +20,12 @@ STATUS_SEVERITY = {
     "non-finite-grad": "error", "no-grad": "error", "zero-grad": "error", "exploding-grad": "error",
     "vanishing-grad": "warning", "zero-init": "info", "invariant": "info", "by-design-init": "info",
     "adaptive-step": "info", "bounded-step": "info", "transient-grad": "info", "small-weight": "info",
-    "small-term": "info", "cancelled": "info", "loss-scale": "info", "skipped-at-random": "info", "routed-by-input": "info", "closed-on-batch": "info", "frozen": "info", "not-reached": "info", "ok": None,
+    "small-term": "info", "small-normalised": "info", "cancelled": "info", "loss-scale": "info", "skipped-at-random": "info", "routed-by-input": "info", "closed-on-batch": "info", "frozen": "info", "not-reached": "info", "ok": None,
 }
 # adaptive-step / bounded-step: a small gradient the re-check's optimizer steps like the rest, a large
 # grad/weight it does not turn into a large step (gated.py): info as well
 BY_DESIGN = ("zero-init", "invariant", "by-design-init", "skipped-at-random", "routed-by-input", "closed-on-batch", "adaptive-step", "bounded-step",
-             "transient-grad", "small-weight", "small-term", "cancelled", "loss-scale")
+             "transient-grad", "small-weight", "small-term", "small-normalised", "cancelled", "loss-scale")
 # the worst status first: a layer shows the worst of its parameters
 STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", *BY_DESIGN,
                 "not-reached", "ok", "frozen"]
