@@ -1907,3 +1907,35 @@ def test_an_output_one_level_down_is_judged_whatever_grad_mode_reads_it(tmp_path
     for command in ("doctor", "gradflow"):
         r = cli(command, f"{tmp_path}/nested.py:build", "-i", "2x3x16x16", "--json")
         assert r.code == 0, (command, r.stderr)
+
+
+class _CachedCodebook(nn.Module):
+    """A bias before a BatchNorm (cancelled: invariant) and a codebook cached as a plain float32 attribute by the first
+    forward, as transformers' mimi keeps `_embed`: `.double()` leaves it float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn, self.codebook = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Embedding(4, 16)
+        self._embed = None
+
+    def forward(self, x):
+        if self._embed is None:
+            self._embed = self.codebook.weight.detach().t().clone()
+        return torch.relu(self.bn(self.lin(x))) @ self._embed
+
+
+def test_the_float64_invariance_copy_widens_cached_attributes():
+    """A zoo re-run: mimi's float64 copy failed ("Input type (torch.FloatTensor) and weight type
+    (torch.DoubleTensor)") and doctor dropped the invariance re-check with a note; here lin.bias, cancelled by the
+    BatchNorm and left unmoved by SGD's rounding-level step, was then a `param-not-updated` error. Cached floating
+    attributes are cast with the copy: it is `invariant` (info). The user's model is left as it was."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model, x = _CachedCodebook(), torch.randn(8, 8)
+    r = run("doctor", model, x, optimizer="sgd")
+    assert not any("not re-checked for invariance" in n for n in r.notes), r.notes
+    assert "param-not-updated" not in {f.code for f in r.findings}, [f.to_dict() for f in r.findings]
+    (f,) = [f for f in r.findings if f.code == "invariant"]
+    assert "lin.bias" in f.message, f.message
+    assert model._embed is None   # the user's model as given: doctor ran copies

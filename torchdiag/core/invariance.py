@@ -68,6 +68,21 @@ def double(t):
     return t.double() if t.is_floating_point() else t
 
 
+def float64_copy(module):
+    """`module` (a copy) in float64, with the floating tensors its modules keep as plain attributes too: .double()
+    casts parameters and buffers only, and a cache a first forward left (mimi's codebook `_embed`) then met a float64
+    input ("Input type (torch.FloatTensor) and weight type (torch.DoubleTensor)": doctor's invariance re-check gave
+    up, a zoo re-run)."""
+    import torch
+
+    module.double()
+    for m in module.modules():
+        for key, value in list(vars(m).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and value.is_floating_point():
+                setattr(m, key, value.double())
+    return module
+
+
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL, strict=()) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
     move, though their own module's output moved enough to move it had nothing after it cancelled the move

@@ -102,7 +102,7 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     if not names or not has_float64(ctx.device):
         return set()
     try:
-        copy = initial_copy(work, before, torch.float64, ctx).double()
+        copy = invariance.float64_copy(initial_copy(work, before, torch.float64, ctx))
         copy.train(work.training)
         prepare(copy)
         found = invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)

@@ -24,6 +24,7 @@ from ...core.invariance import (
     LOSS_RTOL_FLOAT32,
     cancelled,
     double,
+    float64_copy,
     small_beside_siblings,
 )
 from ...core.tracking import run_forward
@@ -224,7 +225,7 @@ def _copy(model, opts, ctx, as_double=False):
                           backward=True)
     work.train(not opts.eval_mode)
     stochastic_depth_off(work)
-    return work.double() if as_double else work
+    return float64_copy(work) if as_double else work
 
 
 def _unscaled(model, ctx):
