@@ -12,7 +12,8 @@ sys.path.insert(0, str(BENCH))
 import corpus_summary  # noqa: E402
 
 TABLE = ("#### Exceptions: findings kept because they are true of the model\n\n| model | finding | why |\n|---|---|---|\n"
-         "| hf levit, clip | gradflow | measured |\n\n#### The next section\n| hf vit_mae | doctor | not the table |\n")
+         "| hf levit, clip | gradflow: `exploding-grad` | measured |\n\n#### The next section\n"
+         "| hf vit_mae | doctor: `exploding-grad` | not the table |\n")
 
 
 def _row(model, **command):
@@ -28,6 +29,13 @@ def test_a_row_with_a_finding_is_unlisted_unless_the_table_names_it():
             _row("zoo_tv_resnet18", exit=3),                      # a failed exit counts as a finding
             _row("zoo_hf_bert")]                                  # clean: nothing to list
     assert corpus_summary.unlisted(rows, TABLE) == ["zoo_hf_vit_mae", "zoo_hf_chinese_clip", "zoo_tv_resnet18"]
+
+
+def test_a_listed_model_with_another_finding_is_unlisted():
+    """A zoo re-run: hf swiftformer gained a batchnorm-batch-1 warning and passed, listed for another finding."""
+    error, warning = [{"code": "exploding-grad", "severity": "error"}], [{"code": "batchnorm-batch-1"}]
+    rows = [_row("zoo_hf_levit", exit=1, errors=error, warnings=warning), _row("zoo_hf_clip", exit=1, errors=error)]
+    assert corpus_summary.unlisted(rows, TABLE) == ["zoo_hf_levit"]
 
 
 def test_skipped_commands_are_not_findings():

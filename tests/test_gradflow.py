@@ -2062,3 +2062,33 @@ def test_a_default_scale_head_beside_oversized_layers_stays_exploding_at_its_own
     head = next(p for p in doc["params"] if p["name"] == "head.weight")
     assert doc["exit_code"] == 1 and head["status"] == "exploding-grad", doc["findings"]
     assert any("scaled alone to the model's typical size" in n for n in doc["notes"]), doc["notes"]
+
+
+class _TokenTimes(nn.Module):
+    """A class token drawn at 0.02 prepended before a pre-norm mixer, the head's output times `gain`."""
+
+    def __init__(self, gain: float):
+        super().__init__()
+        self.gain, self.bn, self.proj = gain, nn.BatchNorm1d(16), nn.Linear(16, 32)
+        self.cls = nn.Parameter(torch.randn(1, 1, 32) * 0.02)
+        self.norm, self.mix = nn.LayerNorm(32), nn.Linear(32, 32)
+        self.norm2, self.mlp = nn.LayerNorm(32), nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.proj(self.bn(x.transpose(1, 2)).transpose(1, 2))
+        h = torch.cat([self.cls.expand(h.shape[0], 1, -1), h], 1)
+        h = h + self.mix(self.norm(h)).mean(1, keepdim=True)
+        return self.head((h + self.mlp(self.norm2(h)))[:, 0]) * self.gain
+
+
+@pytest.mark.parametrize("optimizer", [{}, {"optimizer": "sgd", "lr": 0.1}])
+def test_a_small_token_in_a_model_its_recheck_blew_up_keeps_its_error(optimizer):
+    """A review: the output times 30 under SGD at lr 0.1 blows the model up (the re-check's loss 4.5 -> 2e9; plain
+    torch NaN by step 3), and its small token was passed as small-normalised. Not where the short run's loss rose;
+    under Adam, whose loss falls, it is."""
+    torch.manual_seed(0)
+    model = _TokenTimes(30.0)
+    res = api_run("gradflow", model, (torch.randn(8, 10, 16, generator=torch.Generator().manual_seed(1)),), **optimizer)
+    (f,) = [f for f in res.findings if f.where == "cls"]
+    assert f.code == ("exploding-grad" if optimizer else "small-normalised"), f.to_dict()
