@@ -1466,8 +1466,9 @@ def _phases(result: Result, engine, picked: list[int]) -> list[tuple[list[int], 
         result.notes.append(f"at step {steps[picked[n]]} the gradients first reached {_names_of(new)} and the loss "
                             f"left its range ({v:.4g} after at most {top:.4g} over the {REACH_MIN} steps before): a "
                             "term joined the loss (a head or a loss switched on), so the curve is judged per phase")
-    return [(picked[a:b], f" (judged on the {b - a} steps {steps[picked[a]]}–{steps[picked[b - 1]]} apart: a term "
-                          f"joined the loss at step {steps[picked[cuts[0][0]]]})") for a, b in zip(bounds, bounds[1:])]
+    return [(picked[a:b], f" (judged on the {b - a} steps {steps[picked[a]]}–{steps[picked[b - 1]]} apart: "
+                          + (f"a term joined the loss at step {steps[picked[b]]})" if not a else
+                             "from where a term joined the loss)")) for a, b in zip(bounds, bounds[1:])]
 
 
 def _finite(values: list) -> bool:
