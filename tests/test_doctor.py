@@ -1924,18 +1924,35 @@ class _CachedCodebook(nn.Module):
         return torch.relu(self.bn(self.lin(x))) @ self._embed
 
 
-def test_the_float64_invariance_copy_widens_cached_attributes():
+class _ScatteredTable(nn.Module):
+    """A bias before a BatchNorm and a float32 table kept as a plain attribute, scattered into a float32 tensor the
+    forward makes: it works in float64 only if the table stays float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn, self.out = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4)
+        self.table = torch.randn(1, 4)
+
+    def forward(self, x):
+        buf = torch.zeros(x.shape[0], 16)
+        buf.scatter_(1, torch.arange(4).repeat(x.shape[0], 1), self.table.expand(x.shape[0], 4))
+        return self.out(torch.relu(self.bn(self.lin(x))) + buf)
+
+
+@pytest.mark.parametrize("model", [_CachedCodebook, _ScatteredTable])
+def test_the_float64_invariance_copy_widens_cached_attributes(model):
     """A zoo re-run: mimi's float64 copy failed ("Input type (torch.FloatTensor) and weight type
     (torch.DoubleTensor)") and doctor dropped the invariance re-check with a note; here lin.bias, cancelled by the
-    BatchNorm and left unmoved by SGD's rounding-level step, was then a `param-not-updated` error. Cached floating
-    attributes are cast with the copy: it is `invariant` (info). The user's model is left as it was."""
+    BatchNorm and left unmoved by SGD's rounding-level step, was then a `param-not-updated` error. Where the plain
+    float64 copy fails, its floating attributes are cast too: `invariant` (info). Asked second: a review's table
+    scattered into a float32 tensor made in forward works only as it is. The user's model is left as it was."""
     from torchdiag.api import run
 
     torch.manual_seed(0)
-    model, x = _CachedCodebook(), torch.randn(8, 8)
+    model, x = model(), torch.randn(8, 8)
     r = run("doctor", model, x, optimizer="sgd")
     assert not any("not re-checked for invariance" in n for n in r.notes), r.notes
     assert "param-not-updated" not in {f.code for f in r.findings}, [f.to_dict() for f in r.findings]
     (f,) = [f for f in r.findings if f.code == "invariant"]
     assert "lin.bias" in f.message, f.message
-    assert model._embed is None   # the user's model as given: doctor ran copies
+    assert getattr(model, "_embed", None) is None   # the user's model as given: doctor ran copies

@@ -382,7 +382,7 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx, level: float = 1
     forwards = [0]
     try:
         room_for_copy(work, "in float64", torch.float64, backward=True, activations=ctx.activation_bytes(torch.float64))
-        twin = invariance.float64_copy(copy.deepcopy(work))
+        twin = copy.deepcopy(work).double()
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         double = inputs.map(invariance.double)
         found = invariance.cancelled(twin, double, suspect, ctx.loss(), ctx)

@@ -96,21 +96,30 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     """The `names` (not updated) the loss does not depend on at all (core/invariance.py: a bias cancelled by a
     following batch-statistics normalisation or softmax): no step can move them, by design. Tested on a float64
     copy at initialisation, in the run's mode; on mps (no float64) nothing is."""
-    import torch
 
     names = _candidates(work, names)
     if not names or not has_float64(ctx.device):
         return set()
     try:
-        copy = invariance.float64_copy(initial_copy(work, before, torch.float64, ctx))
-        copy.train(work.training)
-        prepare(copy)
-        found = invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)
-    except ModelError as exc:
-        result.notes.append(f"parameters that did not move not re-checked for invariance: {exc.message}")
-        return set()
+        found = _cancelled_in_float64(work, before, inputs, ctx, names, prepare, widen=False)
+    except ModelError:   # a floating tensor kept as a plain attribute (mimi's cached codebook) met float64: cast it
+        try:             # too; asked second (a review: one scattered into a float32 tensor made in forward broke)
+            found = _cancelled_in_float64(work, before, inputs, ctx, names, prepare, widen=True)
+        except ModelError as exc:
+            result.notes.append(f"parameters that did not move not re-checked for invariance: {exc.message}")
+            return set()
     _say_invariant(result, found, "")
     return found
+
+
+def _cancelled_in_float64(work, before, inputs, ctx, names: list[str], prepare, widen: bool) -> set[str]:
+    import torch
+
+    copy = initial_copy(work, before, torch.float64, ctx)
+    copy = invariance.float64_copy(copy) if widen else copy.double()
+    copy.train(work.training)
+    prepare(copy)
+    return invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)
 
 
 def _say_invariant(result, found: set[str], when: str) -> None:

@@ -94,8 +94,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": why})
             elif step_claim(r, opts) and not _loss_rose(v) and (why := termed(r)) is not None:
                 r.update(status=TERM, allowed=False, design={"kind": TERM, "why": why})
-            elif step_claim(r, opts) and not _loss_rose(v) and (why := grown(r)) is not None:   # (a review: a
-                # model blown up by SGD at lr 0.1, 4.5 -> 2e9 in the re-check, had its small token passed)
+            elif step_claim(r, opts) and not _blew_up(v) and (why := grown(r)) is not None:
                 r.update(status=GROWN, allowed=False, design={"kind": GROWN, "why": why})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
@@ -306,6 +305,17 @@ def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
                 "SGD needs a learning rate about that RMS squared smaller (judge it with the real loss: --batch, --loss)")
 
     return why
+
+
+BLEW_UP = 10.0   # the short re-check's loss this many times its start, or not finite: the model blew up
+
+
+def _blew_up(v) -> bool:
+    """The short run's loss ended BLEW_UP times above its start or not finite (a review: a model SGD at lr 0.1 blew
+    up, 4.5 -> 2e9, and its small token was passed as small-normalised; a second: a bump of 2 -> 2.05 at Adam 2e-2,
+    which the run recovers from, is no blow-up)."""
+    l0, l1 = v.losses
+    return not (math.isfinite(l1) and l1 <= BLEW_UP * abs(l0))
 
 
 def _loss_rose(v) -> bool:

@@ -24,7 +24,6 @@ from ...core.invariance import (
     LOSS_RTOL_FLOAT32,
     cancelled,
     double,
-    float64_copy,
     small_beside_siblings,
 )
 from ...core.tracking import run_forward
@@ -225,7 +224,7 @@ def _copy(model, opts, ctx, as_double=False):
                           backward=True)
     work.train(not opts.eval_mode)
     stochastic_depth_off(work)
-    return float64_copy(work) if as_double else work
+    return work.double() if as_double else work
 
 
 def _unscaled(model, ctx):

@@ -1557,14 +1557,16 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
         if not (base > 0 and values[i] > opts.explode * base and values[i] >= peak and _outside_spread(values, i, w)):
             continue
         last = i == len(norms) - 1 and not _nonfinite_from(result, norms[i][0])   # no step after it shows its effect
-        before = max(values[w:i], default=0.0)   # the largest norm the run had since its first window, and went on from
-        if last and before and values[i] <= math.sqrt(opts.explode) * before:
-            # like the norms the run came back from (a sweep: an epoch's last batch of 3 through BatchNorm, 7.5-21.5
-            # each epoch, 38.6 at the run's last step, was said there only); a first one at the end is still said (a
-            # review: a corrupted last batch left the final model at chance)
+        seen = _recurring(values, i, w, math.sqrt(opts.explode)) if last else []
+        if seen and values[i] <= math.sqrt(opts.explode) * max(seen):
+            # like the spikes the run went on from (a sweep: an epoch's last batch of 3 through BatchNorm, 7.5-21.5
+            # each epoch, 38.6 at the run's last step, was said there only); a first one at the end, or one that ends
+            # a rise, is still said (reviews: a corrupted last batch left the final model at chance; one bump earlier
+            # in the run excused a last-step explosion)
             result.notes.append(f"the gradient norm {values[i]:.3g} at step {norms[i][0]}, the last step, is "
-                                f"{values[i] / base:.3g}× its running median, within √{opts.explode:g} of the largest "
-                                f"the run had before and went on from ({before:.3g}): judged as that was, no explosion")
+                                f"{values[i] / base:.3g}× its running median, within √{opts.explode:g} of the "
+                                f"{len(seen)} spikes the run had before and went on from (up to {max(seen):.3g}): "
+                                "one more of them, no explosion")
             return
         if last or _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode)):
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
@@ -1574,6 +1576,16 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
                        "learning rate, or look at that batch" if clipped else
                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
             return
+
+
+def _recurring(values: list[float], i: int, w: int, factor: float) -> list[float]:
+    """The run's earlier norm spikes (each `factor` × the running median before it or more) before the window of
+    values[i] (not the rise it ends), where they came in 2 episodes or more (spikes w steps apart or more: one bump of
+    15 spikes over steps 60-80 excused a last-step explosion, a review): a recurring kind the run went on from; else
+    []."""
+    at = [k for k in range(w, i - w) if values[k] >= factor * statistics.median(values[k - w:k])]
+    episodes = sum(1 for a, b in zip([-w - 1] + at, at) if b - a > w)
+    return [values[k] for k in at] if episodes >= 2 else []
 
 
 def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: int, factor: float) -> bool:
@@ -1665,6 +1677,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                         f"run, and the next steps came back to {statistics.median(values[i + 1:i + 1 + w]):.4g} "
                         "(median): a sample's own loss, not judged as a spike of the run")
                 own.append(i)
+                peak = max(peak, values[i])   # a value the run had: a later, lower one is no spike (a review)
                 continue
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
