@@ -1566,7 +1566,9 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
             result.notes.append(f"the gradient norm {values[i]:.3g} at step {norms[i][0]}, the last step, is "
                                 f"{values[i] / base:.3g}× its running median, within √{opts.explode:g} of the "
                                 f"{len(seen)} spikes the run had before and went on from (up to {max(seen):.3g}): "
-                                "one more of them, no explosion")
+                                "judged one more of them, not an explosion; no step after it shows what this last "
+                                "update did (a short last batch each epoch makes such spikes: DataLoader(drop_last="
+                                "True) avoids them)")
             return
         if last or _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode)):
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
