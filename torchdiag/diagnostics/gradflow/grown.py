@@ -43,21 +43,22 @@ def at_typical_size(model, inputs, asked: dict[str, float], ctx, prepare, eval_m
     params = dict(work.named_parameters())
     names = [n for n in asked if n in params][:MAX_GROWN]
 
-    def grads() -> list:
+    def grads(of: list[str]) -> list:
+        """The loss, then the gradient norm of each of `of`, of one forward and backward."""
         work.zero_grad(set_to_none=True)
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
             loss = ctx.loss()(run_forward(work, inputs, phase="forward (a small weight at the typical size, on a copy)"))
         train.backward(loss)
         zero = widened(loss.detach()).reshape(()) * 0
         return [widened(loss.detach()).reshape(())] + [
-            widened(params[n].grad.detach()).norm() if params[n].grad is not None else zero for n in names]
+            widened(params[n].grad.detach()).norm() if params[n].grad is not None else zero for n in of]
 
-    base, scaled = grads(), []
+    base, scaled = grads(names), []
     for n in names:
         kept = params[n].detach().clone()
         with torch.no_grad():
             params[n].mul_(asked[n])
-        scaled.append(grads()[1 + names.index(n)])
+        scaled.append(grads([n])[1])
         with torch.no_grad():
             params[n].copy_(kept)
         scaled.append(widened(kept).norm() * asked[n])

@@ -1483,7 +1483,8 @@ def _fell_after(losses: list, idx: list[int]) -> bool:
     return _finite(first + last) and statistics.median(last) < statistics.median(first)
 
 
-def _names_of(names: frozenset) -> str:
+def _names_of(names) -> str:
+    """Two names of a set, and how many more."""
     ns = sorted(names)
     return ", ".join(ns[:2]) + (f" and {len(ns) - 2} more" if len(ns) > 2 else "")
 
@@ -1515,11 +1516,9 @@ def _shared(a: frozenset, b: frozenset) -> float:
 def _reach_words(own: frozenset, names: frozenset, others: frozenset) -> str:
     """A group by what sets it apart: the parameters each of its steps reached and no other group's did ("reached
     heads.reg.weight and 1 more"), else those the others reached and it did not."""
-    def some(ns) -> str:
-        ns = sorted(ns)
-        return ", ".join(ns[:2]) + (f" and {len(ns) - 2} more" if len(ns) > 2 else "")
     lacks = others - names
-    return f"reached {some(own)}" if own else f"did not reach {some(lacks)}" if lacks else "reached other parameters"
+    return (f"reached {_names_of(own)}" if own else f"did not reach {_names_of(lacks)}" if lacks
+            else "reached other parameters")
 
 
 def _goes_on(losses: list, w: int = 10) -> bool:
