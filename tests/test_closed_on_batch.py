@@ -109,3 +109,42 @@ def test_the_share_of_batches_needed_grows_with_the_batch_and_large_batches_tell
     # closed form: a unit open for 5% of samples, batch 2, passes with P(Binomial(8, 0.0975) >= 4) < 1%
     p = 1 - 0.95 ** 2
     assert sum(math.comb(8, k) * p ** k * (1 - p) ** (8 - k) for k in range(4, 9)) < 0.01
+
+
+class Underflow(nn.Module):
+    """b starts at 0 behind a zero gate g and a factor of 1e-30: its gradient is exactly 0 at initialisation on every
+    batch, and ~1e-37 on every batch, this one too, once the short run has opened g (SAM's vision rel_pos, behind
+    weights drawn at 1e-10: doctor called them closed-on-batch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.g = nn.Parameter(torch.zeros(()))
+        self.b = nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        h = self.g * self.a(x)
+        return self.head(x + h + 1e-30 * h * h * self.b)
+
+
+def test_a_zero_every_batch_shares_is_not_closed_on_this_batch():
+    """The premise is asked on the trained copy: where this batch gives the gradient fresh batches give, no unit was
+    shut for it. Checked in plain torch first: zero on the batch at initialisation, not zero on it after 3 Adam steps."""
+    from torchdiag.core.context import context_for
+    from torchdiag.core.run import RunSpec
+    from torchdiag.core.unreached import closed_on_batch
+
+    torch.manual_seed(0)
+    model, x = Underflow(), torch.randn(2, 8)
+    assert _grads(model, x)["b"] == 0
+    work = Underflow()
+    work.load_state_dict(model.state_dict())
+    opt = torch.optim.Adam(work.parameters(), 1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        work(x).square().mean().backward()
+        opt.step()
+    assert _grads(work, x)["b"] > 0
+    ctx = context_for(model, RunSpec("gradflow", caller="python"))
+    closed, _, runs = closed_on_batch(model, _made_up(x), ["b"], ctx, 3)
+    assert closed == [] and runs == 0
