@@ -47,6 +47,13 @@ def _record(me: ClipNorms, *args, **kwargs) -> None:
         _EAGER[0](me, *args, **kwargs)
 
 
+def _late_now(me: ClipNorms, grads: list) -> bool:
+    """ClipNorms.late_now, eagerly only: a compiled clipping is not asked (its gradients' identities would be guards)."""
+    import torch
+
+    return not me._closed and not torch.compiler.is_compiling() and me.late_now(grads)
+
+
 _EAGER: list = []   # ClipNorms._saw under torch._dynamo.disable, made at the first compiled clipping
 
 
@@ -59,7 +66,12 @@ class ClipNorms:
         self._since: list = []      # (norm tensor, ids of the gradient tensors it read, backward count)
         self._installed: list = []  # (module name, attribute, wrapper)
         self._closed = False
-        self.seen = False           # the loop clipped at least once while watched
+        self._placed = False        # a clip asked against a step's gradients and found before the step
+        self._unasked = False       # a clip before the clock's gradients were noted (the loop's first clip)
+        self.late: list = []        # (clock step, function): clips of the gradients that step had already applied
+        self.clipping = False       # any clipping call seen: from then on the clock's steps note their gradients
+        self._applied: dict = {}    # the clock's gradients at its last step: id -> (weak reference, version): late_now
+        self._applied_step = 0
 
     def attach(self) -> None:
         import torch.nn.utils as utils
@@ -76,9 +88,10 @@ class ClipNorms:
             params = [parameters] if _is_tensor(parameters) else list(parameters)
             if not params and isinstance(parameters, types.GeneratorType):   # torch's warning, at the user's line
                 warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
+            grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+            late = _late_now(me, grads)   # asked before the clip writes them
             total = original(params, max_norm, norm_type, *args, **kwargs)
-            _record(me, total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type,
-                    max_norm=max_norm)
+            _record(me, total, grads, norm_type, max_norm=max_norm, late=late)
             return total
 
         self._install(clip_grad_norm_, original, "clip_grad_norm_", (clip_grad, utils))
@@ -105,9 +118,10 @@ class ClipNorms:
                 return by_value(parameters, clip_value, *args, **kwargs)
             params = [parameters] if _is_tensor(parameters) else list(parameters)
             grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+            late = _late_now(me, grads)
             with contextlib.suppress(Exception):   # grads on several devices: not measured, the watched norm stays
                 each = _norms(grads)
-                _record(me, _l2(each), grads, 2.0, each=each)
+                _record(me, _l2(each), grads, 2.0, each=each, late=late)
             return by_value(params, clip_value, *args, **kwargs)
 
         self._install(clip_grad_value_, by_value, "clip_grad_value_", (clip_grad, utils))
@@ -120,25 +134,57 @@ class ClipNorms:
                 setattr(module, attr, wrapper)
                 self._installed.append((module.__name__, attr, wrapper))
 
-    def _saw(self, total, grads: list, norm_type, max_norm=None, each=None) -> None:
+    def _saw(self, total, grads: list, norm_type, max_norm=None, each=None, late: bool = False) -> None:
         """One call: its norm before clipping over `grads`, with what lets a part of it be read where the call covered
         more than one optimizer's gradients: the max_norm it clipped to (clip_grad_norm_; inf where it only measured)
         or each tensor's norm (`each`, clip_grad_value_). A gradient listed twice (tied weights) is multiplied twice by
         clip_grad_norm_: no part is read from such a call (a review)."""
         engine = self._engine()
         ids = frozenset(id(g) for g in grads)
-        if engine is None or engine.closed or not ids or float(norm_type) != 2.0 or getattr(total, "ndim", None) != 0:
+        if engine is None or engine.closed or not ids:
+            return
+        self.clipping = True
+        if late:   # (get_total_norm, which clips nothing, is never asked)
+            self.late.append((self._applied_step, "clip_grad_value_" if each is not None else "clip_grad_norm_"))
+            return
+        if float(norm_type) != 2.0 or getattr(total, "ndim", None) != 0:
             return
         once = len(ids) == len(grads)
         order = [id(g) for g in grads] if each is not None else None
         self._since.append(_Call(total.detach(), ids, engine.backwards, max_norm if once else None,
                                  (order, each) if order else None))
-        self.seen = True
+        if self._applied:
+            self._placed = True
+        else:
+            self._unasked = True
+
+    @property
+    def seen(self) -> bool:
+        """The loop clipped before a step at least once while watched: one clip in its place, or a first clip that
+        could not be asked where no clip was late (the first of a loop that clips after each step is late too)."""
+        return self._placed or (self._unasked and not self.late)
+
+    def stepped(self, step: int, params) -> None:
+        """The clock stepped over `params`: in a loop that clips, their gradients as the step took them (id and
+        version), so that a clip of those very tensors, unchanged since, is known to come after the step (_late).
+        Called only once the loop has clipped (`clipping`: the engine asks, a steady step's calls stay counted)."""
+        if self.clipping:
+            self._applied = {id(g): (weakref.ref(g), g._version) for p in params if (g := p.grad) is not None}
+            self._applied_step = step
+
+    def late_now(self, grads: list) -> bool:
+        """Are `grads`, about to be clipped, gradients of the clock's last step, every one the same tensor at the same
+        version as the step took it? Nothing wrote them since: the step applied them unclipped and the next backward
+        replaces them (a sweep: `optimizer.step(); clip_grad_norm_(...)`, the clip never acted, nothing said so)."""
+        applied = self._applied
+        mine = [(g, applied[id(g)]) for g in grads if id(g) in applied]
+        # the very tensor (an id is reused once its tensor is freed: zero_grad's new gradient had the old one's)
+        return bool(mine) and all(ref() is g and g._version == version for g, (ref, version) in mine)
 
     def close(self) -> None:
         """Put each function back where the wrapper is still the one installed, past any wrapper of a watch closed
         before it (watches closed out of order); a wrapper installed over it later unwraps it when it closes."""
-        self._closed, self._since = True, []
+        self._closed, self._since, self._applied = True, [], {}
         for name, attr, wrapper in self._installed:
             module = sys.modules.get(name)
             if module is not None and getattr(module, attr, None) is wrapper:

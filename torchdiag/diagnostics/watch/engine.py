@@ -1493,6 +1493,8 @@ class Engine:
             self._step_losses, self._stepped_bad = len(self._losses), self._bad_call
             self._losses, self._others, self._bad_call = [], [], None
             self._clip_window.append(self.clips.take(track.params, self.backwards))
+            if self.clips.clipping:
+                self.clips.stepped(self.step, track.params)
             self._window.append((self.step, track.lr()))
             self._owners[self.step] = id(track)
             self._sample_uncalled()

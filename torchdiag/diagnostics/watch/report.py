@@ -479,6 +479,7 @@ def _wiring(result: Result, engine) -> None:
     _handover_notes(result, engine)
     _unwatched_note(result, engine)
     _cleared(result, engine)
+    _clipped_late(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         # looked at after some steps only (stats.Track._looks_after): "every step" overstated a loop that zeroes
@@ -534,6 +535,20 @@ def _cleared(result: Result, engine) -> None:
                    "lost, unless they only measured something (a saliency map, per-task gradients)",
                    "call optimizer.zero_grad() once per optimizer step, after step(), not inside the loop over "
                    "micro-batches; if the earlier backward calls only measured something, this is as intended")
+
+
+def _clipped_late(result: Result, engine) -> None:
+    """clip-after-step (warning): the loop clipped the gradients its optimizer had already applied (clip.ClipNorms._late:
+    the same tensors, unwritten since the step), so no step ever took a clipped gradient."""
+    late = engine.clips.late
+    if not late:
+        return
+    fns = sorted({fn for _, fn in late})
+    result.add("clip-after-step", "warning", "",
+               f"{' and '.join(fns)} ran after optimizer.step(), on the gradients that step had already applied "
+               f"({len(late)} time(s), the first after {_step_words(engine, late[0][0])}): the step took them "
+               "unclipped and the next backward replaces them, so the clipping never acts",
+               "clip between loss.backward() and optimizer.step() (with a GradScaler, after scaler.unscale_(optimizer))")
 
 
 def _step_words(engine, step: int) -> str:
@@ -1683,8 +1698,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}{of}",
-                       "look at that batch; lower the learning rate (the loop clips gradients already)" if clipped
-                       else "look at that batch; clip gradients")
+                       _spike_hint(pairs, lr_at, i, w, clipped))
             spiked = i
             break
         peak = max(peak, values[i])
@@ -2006,6 +2020,18 @@ def _rise_during(lr_at: dict, excursion: tuple, w: int):
     if peak < 1.5 * min(before) or mid > at + max(2 * w, at - low[0]):
         return None
     return at, min(before), peak
+
+
+def _spike_hint(pairs, lr_at: dict, i: int, w: int, clipped: bool) -> str:
+    """loss-spike's hint: the learning rate where it rose within the w steps before the spike (a warm-up to a peak
+    too high spikes the loss just after the rise; the hint spoke of the batch and clipping alone)."""
+    rise = _lr_rise(pairs[:i + 1], lr_at, pairs[i][0], w)
+    if rise and rise[0] >= pairs[i][0] - w:
+        return (f"the learning rate rose from {rise[1]:.3g} to {rise[2]:.3g} at step {rise[0]}, "
+                f"{pairs[i][0] - rise[0]} step(s) before it: lower the peak learning rate or lengthen the warm-up; "
+                "else look at that batch")
+    return "look at that batch; lower the learning rate (the loop clips gradients already)" if clipped \
+        else "look at that batch; clip gradients"
 
 
 def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
