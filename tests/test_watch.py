@@ -4297,6 +4297,55 @@ def test_an_optimizer_not_given_keeps_the_norm_before_clipping_and_the_micro_bat
     assert w.engine.series["loss"] == pytest.approx(means, rel=1e-5)
 
 
+class _TwoStepSAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation as it is usually written (davda54/sam): the wrapper takes its inner optimizer's
+    param_groups as its own; first_step climbs to w + e, second_step restores w and steps the inner one. Its own
+    step() is never called."""
+
+    def __init__(self, params, rho=0.05, **kw):
+        super().__init__(params, dict(rho=rho, **kw))
+        self.base_optimizer = torch.optim.SGD(self.param_groups, **kw)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def first_step(self):
+        norm = torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]]).norm()
+        for g in self.param_groups:
+            for p in g["params"]:
+                self.state[p]["old"] = p.detach().clone()
+                p.add_(p.grad * g["rho"] / (norm + 1e-12))
+        self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self):
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.copy_(self.state[p]["old"])
+        self.base_optimizer.step()
+        self.zero_grad()
+
+    def step(self, closure=None):
+        raise NotImplementedError
+
+
+def test_a_given_wrapper_that_never_steps_has_its_inner_optimizers_steps_counted():
+    """A sweep: watch(model, sam), the optimizer the user made, ended in a UsageError ("no optimizer step was seen
+    ... not an update written by hand") after 264 steps of SAM's inner SGD, the whole report lost."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    sam, g = _TwoStepSAM(model.parameters(), lr=0.05, momentum=0.9), torch.Generator().manual_seed(0)
+    with Watch(model, sam, every=10) as w:
+        for _ in range(30):
+            x, y = _xy(g)
+            F.cross_entropy(model(x), y).backward()
+            sam.first_step()
+            F.cross_entropy(model(x), y).backward()
+            sam.second_step()
+    r = w.result()
+    assert r.data["steps"] == 30 and not [f for f in r.findings if f.severity != "info"], \
+        [f.message for f in r.findings]
+
+
 def _xy(g):
     x = torch.randn(16, 8, generator=g)
     return x, (x[:, :3].sum(1) > 0).long()

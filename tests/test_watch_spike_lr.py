@@ -1,4 +1,4 @@
-"""loss-spike's hint where the learning rate rose just before the spike (a sweep's planted bug: a rate raised too
+"""loss-spike's and grad-norm-explosion's hints where the learning rate rose just before them (a sweep's planted bug: a rate raised too
 far, told "look at that batch; clip gradients")."""
 import pytest
 import torch
@@ -31,9 +31,13 @@ def test_a_spike_just_after_the_learning_rate_rose_names_the_rise(cause):
             loss.backward()
             opt.step()
     spikes = [f for f in w.result().findings if f.code == "loss-spike"]
+    norms = [f for f in w.result().findings if f.code == "grad-norm-explosion"]
     assert len(spikes) == 1, [f.message for f in w.result().findings]
     if cause == "lr-rise":
         assert "at step 84 " in spikes[0].message
         assert spikes[0].hint.startswith("the learning rate rose from 0.02 to 3 at step 81, 3 step(s) before it")
+        # (a norm explosion names the rise too: docs/watch.md's watch_diverge example, checked by test_readme)
+        assert all(f.hint.startswith("the learning rate rose from 0.02 to 3 at step 81") for f in norms)
     else:
         assert spikes[0].hint == "look at that batch; clip gradients"
+        assert all(f.hint.startswith("clip gradients") for f in norms)

@@ -78,6 +78,14 @@ def _guarded(hook, uncompiled: bool = False):
     return run
 
 
+def _shares_groups(opt, given) -> bool:
+    """`opt` holds the very param_groups of `given` (a wrapper built on it: SAM and Lookahead take their inner
+    optimizer's param_groups as their own). A sweep: watch(model, sam) with SAM's first_step/second_step, which step
+    the inner SGD alone, ended in "no optimizer step was seen"."""
+    mine, theirs = opt.param_groups, given.param_groups
+    return mine is theirs or (len(mine) == len(theirs) > 0 and all(a is b for a, b in zip(mine, theirs)))
+
+
 def _step_hook(hook):
     """An optimizer-step hook, run eagerly at every step also where the user compiled the step (torch.compile of
     `opt.step`, or of a whole training step): traced, it ran once, on symbolic values, and under a compiled caller
@@ -979,6 +987,12 @@ class Engine:
         except Exception:   # a help only: a graph it cannot read (an op's saved values released) says nothing
             return
         for fault in faults:
+            if fault[0] == "target":
+                self._look_at_labels(*fault[1:])
+                continue
+            if fault[0] == "ctc":
+                self._look_at_ctc(*fault[1:])
+                continue
             if fault[0] == "nll":   # nll_loss's input, however it was called: its values looked at as a module's are
                 x, target, ignore = fault[1:]
                 if x.is_floating_point() and x.dim() >= 2 and x.shape[1] >= 2 and x.numel():
@@ -993,6 +1007,47 @@ class Engine:
                 looks[0], looks[1] = looks[0] + 1, looks[1] + fault[3]
                 fault = fault[:3]
             self.checks.setdefault(kind, (self.step + 1, *fault[1:]))
+
+    def _look_at_labels(self, target, ignore: int) -> None:
+        """labels-are-inputs: a cross-entropy's targets that are, position for position, the ids the model read (the
+        first integer input of 2 dimensions or more of its last training forward): a language model asked for the
+        token it is given, labels not shifted (a sweep's planted bug: the loss fell to ~0, nothing said). Positions
+        the loss ignores are left out; ids constant along every row, or of fewer than 3 values (a mask), are no
+        sequence. Judged on the device, read with the next read."""
+        import torch
+
+        call = self.last_call
+        if call is None or not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() < 2:
+            return
+        named = [(f"input[{i}]", a) for i, a in enumerate(call[1])] + list(call[2].items())
+        ids = next(((n, t) for n, t in named if isinstance(t, torch.Tensor) and t.dim() >= 2
+                    and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)), None)
+        if ids is None or ids[1].numel() != target.numel() or ids[1].device != target.device:
+            return
+        name, t = ids
+        with torch.no_grad():
+            y, rows = target.reshape(-1), t.reshape(t.shape[0], -1)
+            scored = y != ignore
+            flag = ((rows.reshape(-1) == y) | ~scored).all() & (scored.sum() >= 2) \
+                & (rows[:, 1:] != rows[:, :-1]).any() & (t.amax() - t.amin() >= 2)
+        self.pending.append(("labels", (self.step + 1, name, tuple(t.shape)), flag.float().reshape(1)))
+
+    def _look_at_ctc(self, targets, lengths: tuple, blank: int) -> None:
+        """ctc-blank-in-targets: ctc_loss's labels, within their lengths, holding its blank index (a sweep's planted
+        bug, blank=C-1 with labels 1..C-1: CTC reads the blank as "no label", the loss went below 0, nothing said;
+        torch does not check). Counted on the device, read with the next read."""
+        import torch
+
+        if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or not targets.numel():
+            return
+        with torch.no_grad():
+            if targets.dim() == 2:   # padded (N, S): the first length[i] of row i are labels
+                n = torch.tensor(lengths, device=targets.device).reshape(-1, 1)
+                within = torch.arange(targets.shape[1], device=targets.device) < n
+            else:                    # concatenated: every one is a label
+                within = torch.ones_like(targets, dtype=torch.bool)
+            hits = ((targets == blank) & within).sum()
+        self.pending.append(("ctcblank", (self.step + 1, blank, sum(lengths)), hits.float().reshape(1)))
 
     # ----------------------------------------------------------------- optimizer steps
     @property
@@ -1345,6 +1400,8 @@ class Engine:
         self._file_dead()   # the given one may just have been let go
         if id(opt) in self.tracks:
             return True
+        if any(_shares_groups(opt, g) and id(g) not in self.tracks for g in self._given):
+            return True   # the inner optimizer of a given wrapper that never steps itself (SAM's first/second_step)
         params = [id(p) for g in opt.param_groups for p in g["params"]]
         return any(isinstance(key, tuple) and t.same_params(params) for key, t in self.tracks.items())
 

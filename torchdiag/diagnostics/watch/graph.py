@@ -15,7 +15,8 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 def loss_faults(fn) -> list[tuple]:
     """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both) |
     ("dim", loss, size normalised over, classes, batch) | ("sigmoid", loss) | ("classes", C) | ("dropout", loss,
-    share zeroed or NaN, its mask's mean exactly 1) | ("nll", input, target, ignore_index) | ("minimised", loss)]
+    share zeroed or NaN, its mask's mean exactly 1) | ("nll", input, target, ignore_index) | ("minimised", loss) |
+    ("target", target, ignore_index) | ("ctc", targets, target lengths, blank)]
     found near `fn`:
     - the loss is one of torch's losses (a quantity to minimise) times a constant, plus a constant: its name and the
       constant's sign (-1: `-F.cross_entropy(...)`), for a run that climbs it;
@@ -25,6 +26,9 @@ def loss_faults(fn) -> list[tuple]:
     - nll_loss given a log_softmax over a dimension of another size than its classes' (log_softmax(logits, dim=0)
       on (N, C): each sample's log-probabilities normalised over the batch; a sweep's run fell to 3.23, above
       chance, and passed);
+    - ctc_loss's targets, their lengths and its blank index (a blank among the labels: engine._look_at_ctc);
+    - nll_loss's targets (cross_entropy's too), for the engine to hold against the model's inputs (labels not
+      shifted: engine._look_at_labels);
     - nll_loss given values no log_softmax made: its input, for the engine to judge (raw logits through F.nll_loss
       or a loss module called with keywords, which no forward hook sees);
     - binary_cross_entropy_with_logits given a sigmoid's output (a sigmoid ending the model: the loss applies its
@@ -68,6 +72,10 @@ def loss_faults(fn) -> list[tuple]:
             grown = _broadcast(node, first)
             if grown is not None:
                 found.append(("broadcast", ELEMENTWISE[kind], *grown))
+        if kind == "CtcLossBackward0" and getattr(node, "_saved_targets", None) is not None:   # a blank among labels?
+            found.append(("ctc", node._saved_targets, tuple(node._saved_target_lengths), int(node._saved_blank)))
+        if kind.startswith("NllLoss") and getattr(node, "_saved_target", None) is not None:   # labels that are the
+            found.append(("target", node._saved_target, _signed(int(node._saved_ignore_index))))   # model's inputs?
         if kind in LOSS_INPUTS and (node is fn or kind != "LogSoftmaxBackward0"
                                     or type(_up_through_shapes(node, parents)).__name__.startswith("NllLoss")):
             dropped = _dropped(source, judge_masks=kind not in ELEMENTWISE)

@@ -1079,6 +1079,8 @@ def _probabilities(result: Result, engine) -> None:
     _wrong_dim(result, engine)
     _sigmoid_into_logits(result, engine)
     _dropout_into_loss(result, engine)
+    _labels_are_inputs(result, engine)
+    _ctc_blank(result, engine)
     _logits_into_nll(result, engine)   # its own module's: beside another module's probabilities too (a review)
     got = engine.checks.get("probs_into_loss")
     if not got or (not got[3] and "logits_into_nll" in engine.checks):   # an NLLLoss's logits once, not twice
@@ -1100,6 +1102,40 @@ def _probabilities(result: Result, engine) -> None:
         result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
                    "classes (probabilities, or logits): it takes log-probabilities, which are ≤ 0",
                    "apply log_softmax, not softmax, before NLLLoss (or give the logits to CrossEntropyLoss)")
+
+
+def _ctc_blank(result: Result, engine) -> None:
+    """ctc-blank-in-targets (warning): engine._look_at_ctc."""
+    got = engine.checks.get("ctc_blank")
+    if not got:
+        return
+    step, blank, labels, hits = got
+    low = min((v for v in engine.series["loss"] if v is not None and math.isfinite(v)), default=None)
+    fell = f"; the loss went as low as {low:.4g}, below the 0 no valid target can reach" if low is not None and low < 0 \
+        else ""
+    result.add("ctc-blank-in-targets", "warning", "",
+               f"ctc_loss's targets hold its blank index {blank} at step {step} ({hits} of the {labels} label "
+               f"positions): CTC reads the blank as no label at all, so a target using it is a sequence the model "
+               f"cannot emit, and the loss stops being a likelihood{fell}",
+               "make the blank a class no label uses (torch's default blank=0, with labels 1..C-1), or shift the labels")
+
+
+def _labels_are_inputs(result: Result, engine) -> None:
+    """labels-are-inputs (warning): at most of the looks, the cross-entropy's targets were the model's input ids,
+    position for position (engine._look_at_labels)."""
+    got, (looked, hits) = engine.checks.get("labels_inputs"), engine.checks.get("labels_looked", (0, 0))
+    if not got or 2 * hits <= looked:
+        return
+    step, name, shape = got
+    result.add("labels-are-inputs", "warning", "",
+               f"the cross-entropy's targets are the ids the model reads ({name}, {'×'.join(map(str, shape))}), "
+               f"position for position, at {hits} of the {looked} steps looked at (the first, step {step}): each position is "
+               "asked for the token it is given, which the model learns to copy, and the loss falls toward 0 with "
+               "nothing learned of what comes next (labels not shifted, or a masked model's inputs left unmasked)",
+               "shift them: the logits at positions 0..T-2 against the ids at 1..T-1 (logits[:, :-1] with "
+               "ids[:, 1:]); a Hugging Face model given labels=input_ids shifts them itself; a masked LM replaces the "
+               "scored positions in its input (the mask token). If the model is meant "
+               "to reproduce its input (an autoencoder, a copy task), this is as intended")
 
 
 def _logits_into_nll(result: Result, engine) -> None:
@@ -1247,7 +1283,7 @@ def _curves(result: Result, engine) -> None:
             _lr_collapse(result, part, lr_at, of,
                          lambda first, last: engine.schedulers.each_step(first, last, engine.clock_at(last)))
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
-                             engine.clips.seen, of)
+                             engine.clips.seen, of, dict(zip(at, [result.series["lr"][i] for i in picked])))
     _validation(result, engine, pairs)
 
 
@@ -1557,7 +1593,7 @@ def _objective(t, theirs: set) -> str:
 
 
 def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, clipped: bool = False,
-                         of: str = "") -> None:
+                         of: str = "", lr_at: dict | None = None) -> None:
     """A gradient-norm spike judged as a loss spike is (above `explode` x the running median, far outside the
     norms' own spread, above any norm of the spread's steps before it) that the run felt (_felt). At batch size 1
     a healthy run's per-sample norms span decades and a rare hard sample is a harmless spike (so_31880720's
@@ -1588,9 +1624,10 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
                        f"is {values[i] / base:.3g}× its running median ({base:.3g}), far outside its spread over the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any of them (the highest: {peak:.3g}){of}",
-                       "the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the "
-                       "learning rate, or look at that batch" if clipped else
-                       "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
+                       _rise_before(norms, lr_at or {}, i, w) or
+                       ("the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the "
+                        "learning rate, or look at that batch" if clipped else
+                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate"))
             return
 
 
@@ -2022,14 +2059,20 @@ def _rise_during(lr_at: dict, excursion: tuple, w: int):
     return at, min(before), peak
 
 
-def _spike_hint(pairs, lr_at: dict, i: int, w: int, clipped: bool) -> str:
-    """loss-spike's hint: the learning rate where it rose within the w steps before the spike (a warm-up to a peak
-    too high spikes the loss just after the rise; the hint spoke of the batch and clipping alone)."""
-    rise = _lr_rise(pairs[:i + 1], lr_at, pairs[i][0], w)
+def _rise_before(pairs, lr_at: dict, i: int, w: int) -> str | None:
+    """The hint's words for a learning-rate rise within the w steps before pairs[i] (a warm-up to a peak too high
+    spikes the loss and the norm just after the rise; their hints spoke of the batch and clipping alone), or None."""
+    rise = _lr_rise(pairs[:i + 1], lr_at, pairs[i][0], w) if lr_at else None
     if rise and rise[0] >= pairs[i][0] - w:
         return (f"the learning rate rose from {rise[1]:.3g} to {rise[2]:.3g} at step {rise[0]}, "
-                f"{pairs[i][0] - rise[0]} step(s) before it: lower the peak learning rate or lengthen the warm-up; "
-                "else look at that batch")
+                f"{pairs[i][0] - rise[0]} step(s) before it: lower the peak learning rate or lengthen the warm-up")
+    return None
+
+
+def _spike_hint(pairs, lr_at: dict, i: int, w: int, clipped: bool) -> str:
+    rise = _rise_before(pairs, lr_at, i, w)
+    if rise:
+        return f"{rise}; else look at that batch"
     return "look at that batch; lower the learning rate (the loop clips gradients already)" if clipped \
         else "look at that batch; clip gradients"
 

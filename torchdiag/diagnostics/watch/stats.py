@@ -1182,6 +1182,14 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         seen = checks.get("probs_into_loss")   # the graph's (function names) gives way to the module's own name
         if vals[0] > 0 and (seen is None or seen[1] in ("cross_entropy", "nll_loss")):
             checks["probs_into_loss"] = payload
+    elif kind == "ctcblank":   # ctc_loss's labels holding its blank (engine._look_at_ctc): the first, with its count
+        if vals[0] > 0:
+            checks.setdefault("ctc_blank", (*payload, int(vals[0])))
+    elif kind == "labels":   # a cross-entropy's targets the model's input ids (engine._look_at_labels)
+        looked = checks.setdefault("labels_looked", [0, 0])
+        looked[0], looked[1] = looked[0] + 1, looked[1] + (vals[0] > 0)
+        if vals[0] > 0:
+            checks.setdefault("labels_inputs", payload)
     elif kind == "nllpos":   # an NLLLoss input's row of both signs whose mean no log-probabilities reach
         if vals[0] > 0 and "logits_into_nll" not in checks:   # (engine._look_at_nll_input): its mean, its k
             checks["logits_into_nll"] = (*payload, vals[1], int(vals[2]))
