@@ -8481,6 +8481,31 @@ def test_an_epochs_last_batch_of_one_is_no_loss_spike_of_the_run():
     assert any("at step 40" in n and "came from a batch of 1 sample(s) where the others have 32" in n for n in kept.notes)
 
 
+@pytest.mark.parametrize("last,first,kept", [(3, 64, True), (8, 64, True), (9, 72, False), (3, 16, False)])
+def test_a_last_batch_of_a_few_samples_beside_many_is_kept_as_one(last, first, kept):
+    """A sweep: an epoch's last batch of 3 after batches of 64, through BatchNorm in train mode, lost 7.3 where eval
+    mode lost 0.001 on the same samples: a `loss-spike` warning on a healthy OneCycle run. A batch of up to 8 where
+    the others are 8 times larger or more is a few samples' loss too (its step goes in small_batches); 9 of 72, or 3
+    of 16, is not."""
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    torch.manual_seed(0)
+    n = 2 * first + last
+    x, y = torch.randn(n, 8), torch.randint(0, 2, (n,))
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(m.parameters(), 1e-2)
+    with torchdiag.watch(m, opt, every=10) as w:
+        for _ in range(2):
+            for start in range(0, n, first):   # steps 3 and 6 take the last few samples
+                loss = F.cross_entropy(m(x[start:start + first]), y[start:start + first])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    assert w.engine.small_batches == ({3: last, 6: last} if kept else {})
+
+
 @pytest.mark.parametrize("eval_mode", [True, False])
 def test_a_fixed_loss_network_in_eval_mode_is_info_a_forgotten_one_in_train_mode_a_warning(eval_mode):
     # A review: a perceptual loss's feature network, put in eval() and left out of the optimizer with requires_grad

@@ -828,7 +828,7 @@ class Engine:
         size = _batch_size(args, kwargs)
         if self.batch_size is None:
             self.batch_size = size
-        elif size is not None and size <= SMALL_BATCH < self.batch_size and len(self.small_batches) < SMALL_BATCHES:
+        elif size is not None and _few(size, self.batch_size) and len(self.small_batches) < SMALL_BATCHES:
             self.small_batches[self.step + 1] = size   # the loss and the step this forward makes
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
                 and id(module) not in self._traced:
@@ -1853,7 +1853,8 @@ class Engine:
                     self.checks["eval_unfed"][prefix + name] = self._eval_grad.get(id(m)) is False
             asked = [n[len(prefix):] for n in self.checks["eval_modules"] if n.startswith(prefix)]
             for name, p in inner(root).named_parameters():
-                if p.grad is not None and id(p) not in in_opt:
+                # (frozen: its .grad is one a backward left before, a pretraining's; no update is lost: a sweep)
+                if p.grad is not None and p.requires_grad and id(p) not in in_opt:
                     self._saw_unowned(prefix + name, p, root)
                     owner = name.rpartition(".")[0]
                     if owner in in_eval:   # its module put in eval while the model trains: asked as the above
@@ -2248,6 +2249,12 @@ class Engine:
             with torch.no_grad():
                 self._unowned_sums[id(p)] = (weakref.ref(p), p.detach().float().sum())
 
+    def unowned_id(self, key: str):
+        """id() of the parameter seen unowned under `key` (one tensor may be seen under two models' names), else the
+        key itself."""
+        got = self._unowned.get(key)
+        return got[1] if got is not None else key
+
     def _unheld_now(self) -> None:
         """Parameters first seen unowned at this read that no live optimizer holds, stepped or not (one pass over the
         collector's objects, at a read that saw new ones only): their gradients of now are lost. One an optimizer
@@ -2289,7 +2296,7 @@ class Engine:
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             for name, p in inner(root).named_parameters():
-                if p.grad is not None and id(p) not in held:
+                if p.grad is not None and p.requires_grad and id(p) not in held:
                     self._saw_unowned(prefix + name, p, root)
         idle = _held_by_any_optimizer() - held if any(pid not in held for _, pid in self._unowned.values()) else set()
         moved = self._moved_unowned()
@@ -2514,6 +2521,8 @@ NLL_FLOOR = 0.05   # a floor added to probabilities before their log, at most th
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)
+FEW = 8           # ... and one of up to this many where the first was FEW times larger or more (a sweep: an epoch's
+                  # last batch of 3 after 64, through BatchNorm in train mode, lost 7.3 where eval mode lost 0.001)
 REACH_SETS = 64   # the sets of parameters steps' gradients reached that are told apart (report._reach_groups)
 GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review); ~90 µs each (64 nodes of a ResNet-10's graph on CPU, against a 19 ms backward), the first 16 steps only
 
@@ -2599,6 +2608,11 @@ def _stack(values):
     if all(v.dim() == 0 and v.device == dev for v in values):   # the usual case: two ops, not three per step
         return torch.stack(values).float()
     return torch.stack([v.reshape(()).float().to(dev) for v in values])
+
+
+def _few(size: int, first: int | None) -> bool:
+    """A batch of `size` gives a few samples' loss beside batches of `first` (_root_pre's small_batches)."""
+    return first is not None and size < first and (size <= SMALL_BATCH or (size <= FEW and size * FEW <= first))
 
 
 def _batch_size(args, kwargs):

@@ -400,8 +400,11 @@ def _wiring(result: Result, engine) -> None:
     _idle_optimizer(result, engine)
     _held_late(result, engine)
     groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
+    once: set = set()   # a tensor under two models' names (a backbone and the model around it) once (a sweep: 8 for 4)
     for name in engine.checks["not_in_optimizer"]:
-        if name not in covered:
+        tensor = engine.unowned_id(name)
+        if name not in covered and tensor not in once:
+            once.add(tensor)
             groups.setdefault(name in engine.checks["orphaned"], []).append(name)
     for orphaned, names in groups.items():
         step = min(engine.checks["not_in_optimizer"][n] for n in names)
@@ -1652,6 +1655,7 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
     - the spike's own loss left its spread and the median of the next 3 stays above the one before by that tenth and
       outside the spread a median of 3 has (a corrupted batch: 0.06, 65, then 0.83, 1.83, 2.94, each inside a noisy
       run's spread on its own: a second review).
+    A loss that took negative values in the windows before (_signed) is not asked: the norms and non-finite decide.
     With no loss seen at all (backward not through Tensor.backward) the norms alone decide."""
     after = norms[i + 1:i + 1 + w]   # not empty: the last step is the caller's
     base = statistics.median(norms[i - w:i])
@@ -1664,6 +1668,8 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
         return True
     at = next((k for k, (s, _) in enumerate(loss_pairs) if s > step), len(loss_pairs))
     lw = window(len(values))
+    if _signed(values, at, lw):   # a loss of both signs tells nothing by its rises (a sweep: a converged REINFORCE
+        return False              # policy's rare exploratory step, the norms back at once, was "felt" by noise)
     # a rise that matters at the run's own scale: a tenth of where the loss started at least (a loss sitting at
     # float32's floor, 1e-7, spreads by nothing, so 3e-5 would be "outside" it)
     scale = 0.1 * abs(statistics.median(values[:lw]))
@@ -1676,6 +1682,12 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
     return any(_outside_spread(values, k, lw) and values[k] > statistics.median(values[k - lw:k])
                and values[k] - statistics.median(values[k - lw:k]) > scale
                for k in range(max(at, lw), min(len(values), at + w)))
+
+
+def _signed(values: list[float], i: int, w: int) -> bool:
+    """The loss took a negative value over the SPREAD_STEPS·w steps before values[i]: an objective of both signs
+    (a policy gradient's, a critic's), whose ratios and relative rises mean nothing."""
+    return min(values[max(0, i - SPREAD_STEPS * w):i], default=0.0) < 0
 
 
 def _nonfinite_from(result: Result, step: int) -> bool:
@@ -1713,8 +1725,11 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
     own: list[int] = []   # a sample's own losses at batch size 1-2 (_one_sample_back)
     for i in range(w, len(values)):
         base = statistics.median(values[i - w:i])
-        # ratios need a positive scale: a loss that can be negative (a GAN's, an RL objective) has no spike ratio
-        if base > 0 and values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
+        # ratios need a positive scale: a loss that can be negative (a GAN's, an RL objective) has no spike ratio,
+        # whatever its median (a sweep: per-episode REINFORCE, -5.8 for a failed episode and +7..+30 for a success,
+        # its median 0.92: an ordinary success read 30x a spike)
+        if base > 0 and values[i] > opts.spike * base and values[i] > peak and not _signed(values, i, w) \
+                and _outside_spread(values, i, w):
             if small and pairs[i][0] in small:   # a few samples' loss (an epoch's last batch of 1: one noisy sample,
                 result.notes.append(   # 7.0 against a median of 0.57, a review's healthy run), not the run's
                     f"the loss {values[i]:.4g} at step {pairs[i][0]} ({values[i] / base:.1f}× its running median) came "
