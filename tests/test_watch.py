@@ -66,7 +66,8 @@ def hooks_gone():
 
     return (not mm._global_forward_hooks and not mm._global_forward_pre_hooks
             and not oo._global_optimizer_pre_hooks and not oo._global_optimizer_post_hooks
-            and torch.Tensor.backward.__qualname__ == "Tensor.backward")
+            and torch.Tensor.backward.__qualname__ == "Tensor.backward"
+            and not hasattr(torch.nn.Module.load_state_dict, "_torchdiag_original"))
 
 
 # ----------------------------------------------------------------- options and bad input

@@ -28,6 +28,7 @@ import weakref
 from ...core.device import wide_float
 from ...core.dropout_rate import dropping_most
 from ...errors import one_line
+from . import reload
 from .children import Children
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
@@ -178,6 +179,7 @@ class Engine:
                                                   # larger (an epoch's last batch: drop_last=False)
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
+        self._reload = None                  # the load_state_dict wrapper while watching (reload.py)
         self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
         self._inner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(root) -> the user's module
         self._root_refs: dict[int, weakref.ref] = {}   # id(root) -> a weak reference whose callback notes its end
@@ -331,6 +333,7 @@ class Engine:
         self._wrap_scaler()
         self.clips.attach()
         self.schedulers.attach()
+        self._reload = reload.attach(self)
         return self
 
     def _saw_scaled(self, out, outputs) -> None:
@@ -401,6 +404,7 @@ class Engine:
             for h in hs:
                 h.remove()
         self._root_handles.clear()
+        reload.detach(self._reload)
         for probe in self._probes.values():
             probe.remove()
         self._probes.clear()
@@ -606,6 +610,17 @@ class Engine:
                                            "gradients, modes); dead units are not checked: compiled code does not "
                                            "call hooks added to its layers after it compiled, and hooks present "
                                            "while it compiles are traced into its graph")
+
+    def loading(self, module, state_dict) -> None:
+        """load_state_dict into a watched model whose every parameter the state dict gives as the model's own tensor
+        (a `best = model.state_dict()` kept without a copy: it follows the weights as they train): the load restores
+        nothing (a sweep: early stopping's "reload the best" was a no-op each time, nothing said). reload.py."""
+        if not any(module is r or module is inner(r) for r in self.roots.values()):
+            return
+        with contextlib.suppress(Exception):   # a help only: tensors without storage (meta, sparse) say nothing
+            got = [(state_dict.get(n), p) for n, p in module.named_parameters() if n in state_dict]
+            if got and all(getattr(t, "shape", None) == p.shape and t.data_ptr() == p.data_ptr() for t, p in got):
+                self.checks.setdefault("reload_own", []).append(self.step)
 
     def _adopt_roots(self, track: Track):
         """At an optimizer's first steps: the roots seen so far that hold its parameters are the trained models.
@@ -828,7 +843,8 @@ class Engine:
         size = _batch_size(args, kwargs)
         if self.batch_size is None:
             self.batch_size = size
-        elif size is not None and _few(size, self.batch_size) and len(self.small_batches) < SMALL_BATCHES:
+        elif size is not None and size < self.batch_size and _few(size, self.batch_size) \
+                and len(self.small_batches) < SMALL_BATCHES:   # (a call only for a smaller batch: the step budget)
             self.small_batches[self.step + 1] = size   # the loss and the step this forward makes
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
                 and id(module) not in self._traced:

@@ -483,6 +483,7 @@ def _wiring(result: Result, engine) -> None:
     _unwatched_note(result, engine)
     _cleared(result, engine)
     _clipped_late(result, engine)
+    _reloaded_own(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         # looked at after some steps only (stats.Track._looks_after): "every step" overstated a loop that zeroes
@@ -552,6 +553,19 @@ def _clipped_late(result: Result, engine) -> None:
                f"({len(late)} time(s), the first after {_step_words(engine, late[0][0])}): the step took them "
                "unclipped and the next backward replaces them, so the clipping never acts",
                "clip between loss.backward() and optimizer.step() (with a GradScaler, after scaler.unscale_(optimizer))")
+
+
+def _reloaded_own(result: Result, engine) -> None:
+    """reload-restores-nothing (warning): engine._loading."""
+    at = engine.checks.get("reload_own")
+    if not at:
+        return
+    result.add("reload-restores-nothing", "warning", "",
+               f"load_state_dict was given the model's own live tensors ({len(at)} time(s), the first after "
+               f"{_step_words(engine, at[0])}): a state_dict() kept without a copy follows the weights as they train, "
+               "so loading it restores nothing, and the weights it was meant to keep (the best so far) are gone",
+               "keep a copy: copy.deepcopy(model.state_dict()), or {k: v.detach().clone() for k, v in "
+               "model.state_dict().items()}")
 
 
 def _step_words(engine, step: int) -> str:
