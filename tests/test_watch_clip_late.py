@@ -28,6 +28,8 @@ def _run(where: str, fn: str = "norm", set_to_none: bool = True, keep: bool = Fa
             nn.utils.clip_grad_norm_(params, 0.5)
         elif fn == "value":
             nn.utils.clip_grad_value_(params, 0.01)
+        elif fn == "inf":   # the idiom for measuring the norm before get_total_norm existed
+            nn.utils.clip_grad_norm_(params, float("inf"))
         else:
             nn.utils.get_total_norm([p.grad for p in params])
 
@@ -69,8 +71,37 @@ def test_a_clip_in_its_place_is_not(fn, set_to_none):
     assert not _late(r), [f.message for f in _late(r)]
 
 
-def test_measuring_after_the_step_clips_nothing_and_is_not():
-    assert not _late(_run("after", "measure"))
+@pytest.mark.parametrize("fn", ["measure", "inf"])
+def test_measuring_after_the_step_clips_nothing_and_is_not(fn):
+    """get_total_norm, or clip_grad_norm_ with max_norm inf (a review: a norm logged after the step was "a clipping
+    that never acts")."""
+    assert not _late(_run("after", fn))
+
+
+def test_one_clip_over_a_gan_whose_critic_gradients_are_stale_acts_and_is_not():
+    """A review: the generator's phase clips the whole GAN (the critic frozen, its gradients those the critic's step
+    took): the clip changes the generator's new gradients, before its step, and was said never to act."""
+    torch.manual_seed(0)
+    G, D = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8)), nn.Sequential(nn.Linear(8, 16), nn.ReLU(),
+                                                                                      nn.Linear(16, 1))
+    gan = nn.ModuleDict({"G": G, "D": D})
+    o_g, o_d = torch.optim.Adam(G.parameters(), 1e-3), torch.optim.Adam(D.parameters(), 1e-3)
+    g = torch.Generator().manual_seed(1)
+    with torchdiag.watch(gan, [o_d, o_g], every=4) as w:
+        for _ in range(20):
+            real, z = torch.randn(16, 8, generator=g) + 2, torch.randn(16, 4, generator=g)
+            D.requires_grad_(True)
+            o_d.zero_grad()
+            (F.binary_cross_entropy_with_logits(D(real), torch.ones(16, 1))
+             + F.binary_cross_entropy_with_logits(D(G(z).detach()), torch.zeros(16, 1))).backward()
+            nn.utils.clip_grad_norm_(gan.parameters(), 0.1)
+            o_d.step()
+            D.requires_grad_(False)
+            o_g.zero_grad()
+            F.binary_cross_entropy_with_logits(D(G(z)), torch.ones(16, 1)).backward()
+            nn.utils.clip_grad_norm_(gan.parameters(), 0.1)
+            o_g.step()
+    assert not _late(w.result())
 
 
 def test_the_late_clip_is_not_the_loops_clipping():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import sys
 import types
 import warnings
@@ -89,7 +90,9 @@ class ClipNorms:
             if not params and isinstance(parameters, types.GeneratorType):   # torch's warning, at the user's line
                 warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
             grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
-            late = _late_now(me, grads)   # asked before the clip writes them
+            # asked before the clip writes them; a max_norm of inf only measures (a review: a norm logged after the
+            # step so was "a clipping that never acts")
+            late = not (isinstance(max_norm, (int, float)) and math.isinf(max_norm)) and _late_now(me, grads)
             total = original(params, max_norm, norm_type, *args, **kwargs)
             _record(me, total, grads, norm_type, max_norm=max_norm, late=late)
             return total
@@ -173,13 +176,14 @@ class ClipNorms:
             self._applied_step = step
 
     def late_now(self, grads: list) -> bool:
-        """Are `grads`, about to be clipped, gradients of the clock's last step, every one the same tensor at the same
-        version as the step took it? Nothing wrote them since: the step applied them unclipped and the next backward
+        """Are `grads`, about to be clipped, all gradients of the clock's last step, every one the same tensor at the
+        same version as the step took it? Nothing wrote them since: the step applied them unclipped and the next backward
         replaces them (a sweep: `optimizer.step(); clip_grad_norm_(...)`, the clip never acted, nothing said so)."""
         applied = self._applied
-        mine = [(g, applied[id(g)]) for g in grads if id(g) in applied]
+        if not grads or any(id(g) not in applied for g in grads):   # one it clips that the step did not take: it acts
+            return False   # (a review: one clip over a GAN, the critic's stale gradients beside the generator's new)
         # the very tensor (an id is reused once its tensor is freed: zero_grad's new gradient had the old one's)
-        return bool(mine) and all(ref() is g and g._version == version for g, (ref, version) in mine)
+        return all(applied[id(g)][0]() is g and g._version == applied[id(g)][1] for g in grads)
 
     def close(self) -> None:
         """Put each function back where the wrapper is still the one installed, past any wrapper of a watch closed

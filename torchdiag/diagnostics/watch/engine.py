@@ -180,6 +180,7 @@ class Engine:
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
         self._reload = None                  # the load_state_dict wrapper while watching (reload.py)
+        self._batch_normed = False           # a hooked model has a BatchNorm (its dim 0: samples; _few)
         self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
         self._inner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(root) -> the user's module
         self._root_refs: dict[int, weakref.ref] = {}   # id(root) -> a weak reference whose callback notes its end
@@ -599,6 +600,7 @@ class Engine:
             self._prefix_first(self._labels[0] + ".")
         self._inner[id(root)] = inner(root)
         self._bn_start(root)
+        self._batch_normed = self._batch_normed or _has_batch_norm(inner(root))
         if inner(root).training:   # dropout-rate at its first call too: a fold shorter than `every` has no read
             # (a review); kept by the model's order, not its id, which a later model may take (a review)
             self.checks["dropout_high"][self._order[id(root)]] = dropping_most(inner(root), self.root_prefix(root))
@@ -843,7 +845,7 @@ class Engine:
         size = _batch_size(args, kwargs)
         if self.batch_size is None:
             self.batch_size = size
-        elif size is not None and size < self.batch_size and _few(size, self.batch_size) \
+        elif size is not None and size < self.batch_size and _few(size, self.batch_size, self._batch_normed) \
                 and len(self.small_batches) < SMALL_BATCHES:   # (a call only for a smaller batch: the step budget)
             self.small_batches[self.step + 1] = size   # the loss and the step this forward makes
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
@@ -1004,7 +1006,7 @@ class Engine:
             return
         for fault in faults:
             if fault[0] == "target":
-                self._look_at_labels(*fault[1:])
+                self._look_at_labels(fn, *fault[1:])
                 continue
             if fault[0] == "ctc":
                 self._look_at_ctc(*fault[1:])
@@ -1024,29 +1026,34 @@ class Engine:
                 fault = fault[:3]
             self.checks.setdefault(kind, (self.step + 1, *fault[1:]))
 
-    def _look_at_labels(self, target, ignore: int) -> None:
-        """labels-are-inputs: a cross-entropy's targets that are, position for position, the ids the model read (the
-        first integer input of 2 dimensions or more of its last training forward): a language model asked for the
-        token it is given, labels not shifted (a sweep's planted bug: the loss fell to ~0, nothing said). Positions
-        the loss ignores are left out; ids constant along every row, or of fewer than 3 values (a mask), are no
-        sequence. Judged on the device, read with the next read."""
+    def _look_at_labels(self, fn, target, ignore: int) -> None:
+        """labels-are-inputs: a cross-entropy's targets that are, position for position, ids an embedding of the model
+        looked up on the loss's graph (graph.looked_up): a language model asked for the token it is given, labels not
+        shifted (a sweep's planted bug: the loss fell to ~0, nothing said). The ids the model read, not its first
+        integer argument: a review's Whisper, TrOCR and T5 given inputs_embeds have `labels` as their only one, shift
+        them into the decoder themselves, and were said. Positions the loss ignores are left out; ids constant along
+        every row, or of fewer than 3 values (a mask), are no sequence. Judged on the device, read with the next read."""
         import torch
 
-        call = self.last_call
-        if call is None or not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() < 2:
+        from .graph import looked_up
+
+        if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() < 2:
             return
-        named = [(f"input[{i}]", a) for i, a in enumerate(call[1])] + list(call[2].items())
-        ids = next(((n, t) for n, t in named if isinstance(t, torch.Tensor) and t.dim() >= 2
-                    and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)), None)
-        if ids is None or ids[1].numel() != target.numel() or ids[1].device != target.device:
-            return
-        name, t = ids
+        y = target.reshape(-1)
+        scored = y != ignore
+        flags = []
         with torch.no_grad():
-            y, rows = target.reshape(-1), t.reshape(t.shape[0], -1)
-            scored = y != ignore
-            flag = ((rows.reshape(-1) == y) | ~scored).all() & (scored.sum() >= 2) \
-                & (rows[:, 1:] != rows[:, :-1]).any() & (t.amax() - t.amin() >= 2)
-        self.pending.append(("labels", (self.step + 1, name, tuple(t.shape)), flag.float().reshape(1)))
+            for t in looked_up(fn):
+                if t.dim() < 2 or t.numel() != y.numel() or t.device != y.device:
+                    continue
+                rows = t.reshape(t.shape[0], -1)
+                flags.append(((rows.reshape(-1) == y) | ~scored).all() & (rows[:, 1:] != rows[:, :-1]).any()
+                             & (t.amax() - t.amin() >= 2))
+                shape = tuple(t.shape)
+            if not flags:
+                return
+            flag = torch.stack(flags).any() & (scored.sum() >= 2)
+        self.pending.append(("labels", (self.step + 1, "", shape), flag.float().reshape(1)))
 
     def _look_at_ctc(self, targets, lengths: tuple, blank: int) -> None:
         """ctc-blank-in-targets: ctc_loss's labels, within their lengths, holding its blank index (a sweep's planted
@@ -2537,8 +2544,8 @@ NLL_FLOOR = 0.05   # a floor added to probabilities before their log, at most th
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)
-FEW = 8           # ... and one of up to this many where the first was FEW times larger or more (a sweep: an epoch's
-                  # last batch of 3 after 64, through BatchNorm in train mode, lost 7.3 where eval mode lost 0.001)
+FEW = 8           # ... and, through a BatchNorm, one of up to this many where the first was FEW times larger (a sweep:
+                  # an epoch's last batch of 3 after 64 lost 7.3 in train mode where eval mode lost 0.001)
 REACH_SETS = 64   # the sets of parameters steps' gradients reached that are told apart (report._reach_groups)
 GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review); ~90 µs each (64 nodes of a ResNet-10's graph on CPU, against a 19 ms backward), the first 16 steps only
 
@@ -2626,9 +2633,18 @@ def _stack(values):
     return torch.stack([v.reshape(()).float().to(dev) for v in values])
 
 
-def _few(size: int, first: int | None) -> bool:
-    """A batch of `size` gives a few samples' loss beside batches of `first` (_root_pre's small_batches)."""
-    return first is not None and size < first and (size <= SMALL_BATCH or (size <= FEW and size * FEW <= first))
+def _has_batch_norm(model) -> bool:
+    import torch
+
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def _few(size: int, first: int | None, batch_normed: bool) -> bool:
+    """A batch of `size` gives a few samples' loss beside batches of `first` (_root_pre's small_batches): 1 or 2, or
+    up to FEW where a BatchNorm of the model reads dimension 0 as samples (a review: a sequence-first LSTM's short
+    bucket, 6 time steps after 64, hid a corrupted batch's spike as "6 samples")."""
+    return first is not None and size < first and (
+        size <= SMALL_BATCH or (batch_normed and size <= FEW and size * FEW <= first))
 
 
 def _batch_size(args, kwargs):

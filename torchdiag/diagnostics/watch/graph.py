@@ -27,8 +27,8 @@ def loss_faults(fn) -> list[tuple]:
       on (N, C): each sample's log-probabilities normalised over the batch; a sweep's run fell to 3.23, above
       chance, and passed);
     - ctc_loss's targets, their lengths and its blank index (a blank among the labels: engine._look_at_ctc);
-    - nll_loss's targets (cross_entropy's too), for the engine to hold against the model's inputs (labels not
-      shifted: engine._look_at_labels);
+    - nll_loss's targets (cross_entropy's too), for the engine to hold against the ids the model looked up (labels
+      not shifted: engine._look_at_labels, with looked_up);
     - nll_loss given values no log_softmax made: its input, for the engine to judge (raw logits through F.nll_loss
       or a loss module called with keywords, which no forward hook sees);
     - binary_cross_entropy_with_logits given a sigmoid's output (a sigmoid ending the model: the loss applies its
@@ -94,6 +94,29 @@ def loss_faults(fn) -> list[tuple]:
 
 
 SHIFTS = {"AddBackward0": 1, "SubBackward0": -1}   # a + alpha*b, a - alpha*b: b's sign (alpha is saved)
+
+
+WHOLE = 20_000   # nodes walked at most for the ids embeddings looked up (a small transformer's graph: a few thousand)
+
+
+def looked_up(fn) -> list:
+    """The index tensors the embeddings on the graph under `fn` looked up (EmbeddingBackward's saved indices, the
+    ids the model read; F.embedding and nn.Embedding alike): the labels-are-inputs look (engine._look_at_labels). A
+    frozen embedding leaves no node, and is not seen."""
+    found: list = []
+    seen: set[int] = set()
+    queue = [fn]
+    while queue and len(seen) < WHOLE:
+        node = queue.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "EmbeddingBackward0":
+            ids = getattr(node, "_saved_indices", None)
+            if ids is not None:
+                found.append(ids)
+        queue.extend(f for f, _ in node.next_functions)
+    return found
 
 
 def _signed_loss(fn, depth: int = 8) -> tuple[object, int]:

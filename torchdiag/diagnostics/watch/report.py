@@ -1143,16 +1143,30 @@ def _labels_are_inputs(result: Result, engine) -> None:
     got, (looked, hits) = engine.checks.get("labels_inputs"), engine.checks.get("labels_looked", (0, 0))
     if not got or 2 * hits <= looked:
         return
-    step, name, shape = got
+    fell = _fell_tenfold(result.series["loss"])
+    if fell is None:   # a model that masks what it sees (a PixelCNN's masked convolutions) scores each position
+        return         # against the id it was given, and learns no copy: its loss stays up (a review)
+    step, _, shape = got
     result.add("labels-are-inputs", "warning", "",
-               f"the cross-entropy's targets are the ids the model reads ({name}, {'×'.join(map(str, shape))}), "
-               f"position for position, at {hits} of the {looked} steps looked at (the first, step {step}): each position is "
-               "asked for the token it is given, which the model learns to copy, and the loss falls toward 0 with "
-               "nothing learned of what comes next (labels not shifted, or a masked model's inputs left unmasked)",
+               f"the cross-entropy's targets are the ids the model looked up in an embedding "
+               f"({'×'.join(map(str, shape))}), position for position, at {hits} of the {looked} steps looked at (the first, step {step}): each position is "
+               f"asked for the token it is given, which the model learns to copy: the loss fell from {fell[0]:.4g} to "
+               f"{fell[1]:.4g} (first and last windows' medians) with nothing learned of what comes next (labels not "
+               "shifted, or a masked model's inputs left unmasked)",
                "shift them: the logits at positions 0..T-2 against the ids at 1..T-1 (logits[:, :-1] with "
                "ids[:, 1:]); a Hugging Face model given labels=input_ids shifts them itself; a masked LM replaces the "
                "scored positions in its input (the mask token). If the model is meant "
                "to reproduce its input (an autoencoder, a copy task), this is as intended")
+
+
+def _fell_tenfold(losses: list) -> tuple[float, float] | None:
+    """(first, last) windows' median losses where the last is a tenth of the first or less, else None."""
+    values = [v for v in losses if v is not None and math.isfinite(v)]
+    if len(values) < 4:
+        return None
+    w = max(2, min(window(len(values)), len(values) // 4))
+    first, last = statistics.median(values[:w]), statistics.median(values[-w:])
+    return (first, last) if first > 0 and last <= 0.1 * first else None
 
 
 def _logits_into_nll(result: Result, engine) -> None:
@@ -1641,10 +1655,7 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
                        f"is {values[i] / base:.3g}× its running median ({base:.3g}), far outside its spread over the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any of them (the highest: {peak:.3g}){of}",
-                       _rise_before(norms, lr_at or {}, i, w) or
-                       ("the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the "
-                        "learning rate, or look at that batch" if clipped else
-                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate"))
+                       _explosion_hint(norms, lr_at or {}, i, w, clipped))
             return
 
 
@@ -1671,11 +1682,11 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
       run's spread on its own: a second review).
     A loss that took negative values in the windows before (_signed) is not asked: the norms and non-finite decide.
     With no loss seen at all (backward not through Tensor.backward) the norms alone decide."""
-    after = norms[i + 1:i + 1 + w]   # not empty: the last step is the caller's
-    base = statistics.median(norms[i - w:i])
-    if statistics.median(after) > max(factor * base, norms[i] / factor):
-        return True
     if _nonfinite_from(result, step):
+        return True
+    after = norms[i + 1:i + 1 + w]   # empty only where the norms after it were not finite (a review: a spike, then
+    base = statistics.median(norms[i - w:i])   # NaN from the next step, stopped the run's end with StatisticsError)
+    if after and statistics.median(after) > max(factor * base, norms[i] / factor):
         return True
     values = [v for _, v in loss_pairs]
     if not values:
@@ -1698,10 +1709,17 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
                for k in range(max(at, lw), min(len(values), at + w)))
 
 
+SIGNED_SHARE = 0.25   # _signed: below 0 at this share of the steps before, or more
+
+
 def _signed(values: list[float], i: int, w: int) -> bool:
-    """The loss took a negative value over the SPREAD_STEPS·w steps before values[i]: an objective of both signs
-    (a policy gradient's, a critic's), whose ratios and relative rises mean nothing."""
-    return min(values[max(0, i - SPREAD_STEPS * w):i], default=0.0) < 0
+    """The loss was below 0 at SIGNED_SHARE or more of the SPREAD_STEPS·w steps before values[i]: an objective that
+    is no non-negative loss (a policy gradient's surrogate, 82% below 0 near -1e-4 once converged; a critic's), whose
+    ratios and relative rises mean nothing: judged by its norms and non-finite values alone. A loss that dips below 0
+    now and then stays judged (a review: a Gaussian NLL near its optimum, -0.11..0.30, knocked to 82.8 by a corrupted
+    batch, lost both its warnings to one negative value)."""
+    recent = values[max(0, i - SPREAD_STEPS * w):i]
+    return bool(recent) and sum(1 for v in recent if v < 0) >= SIGNED_SHARE * len(recent)
 
 
 def _nonfinite_from(result: Result, step: int) -> bool:
@@ -2089,13 +2107,27 @@ def _rise_during(lr_at: dict, excursion: tuple, w: int):
 
 
 def _rise_before(pairs, lr_at: dict, i: int, w: int) -> str | None:
-    """The hint's words for a learning-rate rise within the w steps before pairs[i] (a warm-up to a peak too high
-    spikes the loss and the norm just after the rise; their hints spoke of the batch and clipping alone), or None."""
+    """The hint's words for a learning-rate rise within the w steps before pairs[i] to a rate the run never had
+    before it (a warm-up to a peak too high spikes the loss and the norm just after the rise; their hints spoke of
+    the batch and clipping alone; a cyclic schedule's return to a rate it trained at is no cause: a review), or None."""
     rise = _lr_rise(pairs[:i + 1], lr_at, pairs[i][0], w) if lr_at else None
-    if rise and rise[0] >= pairs[i][0] - w:
-        return (f"the learning rate rose from {rise[1]:.3g} to {rise[2]:.3g} at step {rise[0]}, "
-                f"{pairs[i][0] - rise[0]} step(s) before it: lower the peak learning rate or lengthen the warm-up")
-    return None
+    now = lr_at.get(pairs[i][0])
+    if not rise or rise[0] < pairs[i][0] - w or now is None:
+        return None
+    before = [v for s, v in lr_at.items() if s < rise[0] and v is not None]
+    if before and now <= max(before):
+        return None
+    return (f"the learning rate rose from {rise[1]:.3g} (step {rise[0]}) to {now:.3g}, a rate the run never had "
+            f"before, {pairs[i][0] - rise[0]} step(s) before it: lower the peak learning rate (or lengthen a warm-up)")
+
+
+def _explosion_hint(norms, lr_at: dict, i: int, w: int, clipped: bool) -> str:
+    rise = _rise_before(norms, lr_at, i, w)
+    if rise:
+        return f"{rise}; else look at that batch"
+    return ("the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the learning rate, "
+            "or look at that batch" if clipped else
+            "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
 
 
 def _spike_hint(pairs, lr_at: dict, i: int, w: int, clipped: bool) -> str:
