@@ -1053,7 +1053,7 @@ class Engine:
             if not flags:
                 return
             flag = torch.stack(flags).any() & (scored.sum() >= 2)
-        self.pending.append(("labels", (self.step + 1, "", shape), flag.float().reshape(1)))
+        self.pending.append(("labels", (self.step + 1, shape), flag.float().reshape(1)))
 
     def _look_at_ctc(self, targets, lengths: tuple, blank: int) -> None:
         """ctc-blank-in-targets: ctc_loss's labels, within their lengths, holding its blank index (a sweep's planted

@@ -556,7 +556,7 @@ def _clipped_late(result: Result, engine) -> None:
 
 
 def _reloaded_own(result: Result, engine) -> None:
-    """reload-restores-nothing (warning): engine._loading."""
+    """reload-restores-nothing (warning): Engine.loading (reload.py)."""
     at = engine.checks.get("reload_own")
     if not at:
         return
@@ -1146,7 +1146,7 @@ def _labels_are_inputs(result: Result, engine) -> None:
     fell = _fell_tenfold(result.series["loss"])
     if fell is None:   # a model that masks what it sees (a PixelCNN's masked convolutions) scores each position
         return         # against the id it was given, and learns no copy: its loss stays up (a review)
-    step, _, shape = got
+    step, shape = got
     result.add("labels-are-inputs", "warning", "",
                f"the cross-entropy's targets are the ids the model looked up in an embedding "
                f"({'×'.join(map(str, shape))}), position for position, at {hits} of the {looked} steps looked at (the first, step {step}): each position is "

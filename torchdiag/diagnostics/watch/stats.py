@@ -1185,7 +1185,7 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
     elif kind == "ctcblank":   # ctc_loss's labels holding its blank (engine._look_at_ctc): the first, with its count
         if vals[0] > 0:
             checks.setdefault("ctc_blank", (*payload, int(vals[0])))
-    elif kind == "labels":   # a cross-entropy's targets the model's input ids (engine._look_at_labels)
+    elif kind == "labels":   # a cross-entropy's targets the ids the model looked up (engine._look_at_labels)
         looked = checks.setdefault("labels_looked", [0, 0])
         looked[0], looked[1] = looked[0] + 1, looked[1] + (vals[0] > 0)
         if vals[0] > 0:
