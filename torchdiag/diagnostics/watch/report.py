@@ -2122,20 +2122,20 @@ def _rise_before(pairs, lr_at: dict, i: int, w: int) -> str | None:
 
 
 def _explosion_hint(norms, lr_at: dict, i: int, w: int, clipped: bool) -> str:
-    rise = _rise_before(norms, lr_at, i, w)
-    if rise:
-        return f"{rise}; else look at that batch"
-    return ("the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the learning rate, "
-            "or look at that batch" if clipped else
-            "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
+    return _rise_or(norms, lr_at, i, w, "the loop clips gradients (the norms are clip_grad_norm_'s, before "
+                    "clipping): lower the learning rate, or look at that batch" if clipped else
+                    "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
 
 
 def _spike_hint(pairs, lr_at: dict, i: int, w: int, clipped: bool) -> str:
+    return _rise_or(pairs, lr_at, i, w, "look at that batch; lower the learning rate (the loop clips gradients "
+                    "already)" if clipped else "look at that batch; clip gradients")
+
+
+def _rise_or(pairs, lr_at: dict, i: int, w: int, otherwise: str) -> str:
+    """A hint naming the learning-rate rise before pairs[i] (_rise_before), else `otherwise`."""
     rise = _rise_before(pairs, lr_at, i, w)
-    if rise:
-        return f"{rise}; else look at that batch"
-    return "look at that batch; lower the learning rate (the loop clips gradients already)" if clipped \
-        else "look at that batch; clip gradients"
+    return f"{rise}; else look at that batch" if rise else otherwise
 
 
 def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
